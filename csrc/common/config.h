@@ -1,0 +1,45 @@
+// Every tuning knob of the engine, declared once: name, environment variable, type,
+// default and one sentence. Config::FromEnv() is the only place that reads them;
+// docs/config.md is generated from this list (`python -m horovod_torch.config --markdown`).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace hvd {
+
+// X(member, ENV_NAME, type, default, description)
+#define HVD_KNOBS(X)                                                                  \
+  X(fusion_threshold_bytes, "HOROVOD_FUSION_THRESHOLD", int64_t, 64 * 1024 * 1024,    \
+    "Largest fusion buffer in bytes; ready tensors are packed up to this size and "   \
+    "reduced together (0 disables fusion).")                                          \
+  X(cycle_time_ms, "HOROVOD_CYCLE_TIME", double, 1.0,                                 \
+    "Longest time in milliseconds the background thread sleeps between "              \
+    "negotiation cycles when no new request wakes it.")                               \
+  X(cache_capacity, "HOROVOD_CACHE_CAPACITY", int64_t, 1024,                          \
+    "Number of responses kept in the response cache (0 disables the cache).")         \
+  X(tcp_timeout_s, "HOROVOD_TCP_TIMEOUT", double, 60.0,                               \
+    "Seconds a socket may make no progress during a collective before the peer is "   \
+    "declared lost.")                                                                 \
+  X(start_timeout_s, "HOROVOD_START_TIMEOUT", double, 30.0,                           \
+    "Seconds init() waits for every rank to reach the rendezvous.")                   \
+  X(small_allreduce_bytes, "HOROVOD_SMALL_ALLREDUCE_BYTES", int64_t, 64 * 1024,       \
+    "Buffers up to this size use the latency-optimal allreduce; larger ones the "     \
+    "bandwidth-optimal ring.")                                                        \
+  X(ring_chunk_bytes, "HOROVOD_RING_CHUNK_BYTES", int64_t, 256 * 1024,                \
+    "Pipelining chunk of the ring algorithms: reduction of one chunk overlaps the "   \
+    "transfer of the next.")                                                          \
+  X(log_level, "HOROVOD_LOG_LEVEL", std::string, "warning",                           \
+    "Log verbosity: trace, debug, info, warning, error or fatal.")
+
+struct Config {
+#define HVD_DECLARE_KNOB(member, env, type, def, doc) type member = def;
+  HVD_KNOBS(HVD_DECLARE_KNOB)
+#undef HVD_DECLARE_KNOB
+
+  // Reads every knob from the environment; unset variables keep their defaults.
+  // A value that does not parse is reported in *error and the default kept.
+  static Config FromEnv(std::string* error);
+};
+
+}  // namespace hvd

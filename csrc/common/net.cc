@@ -1,0 +1,247 @@
+#include "common/net.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "common/sha256.h"
+
+namespace hvd {
+namespace {
+
+std::string Errno(const char* what) {
+  return std::string(what) + ": " + std::strerror(errno);
+}
+
+int RemainingMs(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  return left.count() < 0 ? 0 : static_cast<int>(left.count());
+}
+
+Clock::time_point Deadline(double timeout_s) {
+  return Clock::now() + std::chrono::microseconds(static_cast<int64_t>(timeout_s * 1e6));
+}
+
+// Waits until fd is readable/writable or the deadline passes.
+Status WaitFd(int fd, short events, Clock::time_point deadline, const char* what) {
+  while (true) {
+    pollfd p{fd, events, 0};
+    int rc = ::poll(&p, 1, RemainingMs(deadline));
+    if (rc > 0) return Status::Ok();
+    if (rc == 0) return Status::Aborted(std::string("timed out while ") + what);
+    if (errno != EINTR) return Status::Aborted(Errno("poll"));
+  }
+}
+
+Status Resolve(const std::string& host, int port, sockaddr_storage* addr, socklen_t* len) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  if (rc != 0 || res == nullptr) {
+    return Status::Aborted("cannot resolve host '" + host + "': " + gai_strerror(rc));
+  }
+  std::memcpy(addr, res->ai_addr, res->ai_addrlen);
+  *len = res->ai_addrlen;
+  ::freeaddrinfo(res);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Socket& Socket::operator=(Socket&& o) noexcept {
+  if (this != &o) {
+    Close();
+    fd_ = o.fd_;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+void Socket::Close() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+void Socket::Shutdown() {
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+}
+
+Status Listen(const std::string& host, int port, Socket* out, int* bound_port) {
+  sockaddr_storage addr{};
+  socklen_t len = 0;
+  HVD_RETURN_IF_ERROR(Resolve(host, port, &addr, &len));
+  Socket s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!s.valid()) return Status::Aborted(Errno("socket"));
+  int one = 1;
+  ::setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(s.fd(), reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    return Status::Aborted(Errno(("bind " + host + ":" + std::to_string(port)).c_str()));
+  }
+  if (::listen(s.fd(), 1024) != 0) return Status::Aborted(Errno("listen"));
+  sockaddr_in bound{};
+  socklen_t blen = sizeof(bound);
+  ::getsockname(s.fd(), reinterpret_cast<sockaddr*>(&bound), &blen);
+  if (bound_port != nullptr) *bound_port = ntohs(bound.sin_port);
+  *out = std::move(s);
+  return Status::Ok();
+}
+
+Status Accept(const Socket& listener, double timeout_s, Socket* out) {
+  auto deadline = Deadline(timeout_s);
+  while (true) {
+    HVD_RETURN_IF_ERROR(WaitFd(listener.fd(), POLLIN, deadline, "waiting for a connection"));
+    int fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd >= 0) {
+      *out = Socket(fd);
+      return Status::Ok();
+    }
+    if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
+      return Status::Aborted(Errno("accept"));
+    }
+  }
+}
+
+Status Connect(const std::string& host, int port, double timeout_s, Socket* out) {
+  sockaddr_storage addr{};
+  socklen_t len = 0;
+  HVD_RETURN_IF_ERROR(Resolve(host, port, &addr, &len));
+  auto deadline = Deadline(timeout_s);
+  std::string last;
+  while (true) {
+    Socket s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!s.valid()) return Status::Aborted(Errno("socket"));
+    if (::connect(s.fd(), reinterpret_cast<sockaddr*>(&addr), len) == 0) {
+      int one = 1;
+      ::setsockopt(s.fd(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      *out = std::move(s);
+      return Status::Ok();
+    }
+    last = std::strerror(errno);
+    if (Clock::now() >= deadline) {
+      return Status::Aborted("cannot connect to " + host + ":" + std::to_string(port) +
+                             " within " + std::to_string(timeout_s) + " s (" + last + ")");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+std::string LocalAddress(const Socket& s) {
+  sockaddr_in addr{};
+  socklen_t len = sizeof(addr);
+  if (::getsockname(s.fd(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "127.0.0.1";
+  char buf[INET_ADDRSTRLEN];
+  ::inet_ntop(AF_INET, &addr.sin_addr, buf, sizeof(buf));
+  return buf;
+}
+
+Status SendAll(int fd, const void* buf, size_t len, double timeout_s) {
+  auto deadline = Deadline(timeout_s);
+  const char* p = static_cast<const char*>(buf);
+  while (len > 0) {
+    ssize_t n = ::send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      p += n;
+      len -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+      HVD_RETURN_IF_ERROR(WaitFd(fd, POLLOUT, deadline, "sending to a peer"));
+      continue;
+    }
+    return Status::Aborted(Errno("connection to a peer lost (send)"));
+  }
+  return Status::Ok();
+}
+
+Status RecvAll(int fd, void* buf, size_t len, double timeout_s) {
+  auto deadline = Deadline(timeout_s);
+  char* p = static_cast<char*>(buf);
+  while (len > 0) {
+    ssize_t n = ::recv(fd, p, len, MSG_DONTWAIT);
+    if (n > 0) {
+      p += n;
+      len -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) return Status::Aborted("connection to a peer lost (closed by the other side)");
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+      HVD_RETURN_IF_ERROR(WaitFd(fd, POLLIN, deadline, "receiving from a peer"));
+      continue;
+    }
+    return Status::Aborted(Errno("connection to a peer lost (recv)"));
+  }
+  return Status::Ok();
+}
+
+Status SendFrame(int fd, const std::string& data, double timeout_s) {
+  uint64_t n = data.size();
+  std::string buf(reinterpret_cast<const char*>(&n), 8);
+  buf += data;
+  return SendAll(fd, buf.data(), buf.size(), timeout_s);
+}
+
+Status RecvFrame(int fd, std::string* data, double timeout_s) {
+  uint64_t n = 0;
+  HVD_RETURN_IF_ERROR(RecvAll(fd, &n, 8, timeout_s));
+  if (n > (1ull << 34)) return Status::Aborted("corrupt frame length from a peer");
+  data->resize(n);
+  return RecvAll(fd, data->data(), n, timeout_s);
+}
+
+Status ServerHandshake(int fd, const std::string& secret, double timeout_s, std::string* tag) {
+  std::random_device rd;
+  std::string nonce(16, '\0');
+  for (auto& c : nonce) c = static_cast<char>(rd());
+  HVD_RETURN_IF_ERROR(SendFrame(fd, nonce, timeout_s));
+  std::string reply;
+  HVD_RETURN_IF_ERROR(RecvFrame(fd, &reply, timeout_s));
+  if (reply.size() < 32) return Status::Aborted("bad handshake from a connecting peer");
+  std::string hello = reply.substr(32);
+  std::string expect = Sha256(secret + nonce + hello);
+  // Constant-time comparison.
+  unsigned char diff = 0;
+  for (int i = 0; i < 32; ++i) diff |= static_cast<unsigned char>(expect[i] ^ reply[i]);
+  std::string verdict(1, diff == 0 ? 'Y' : 'N');
+  HVD_RETURN_IF_ERROR(SendFrame(fd, verdict, timeout_s));
+  if (diff != 0) return Status::Aborted("a peer without the job secret tried to connect");
+  if (tag != nullptr) *tag = hello;
+  return Status::Ok();
+}
+
+Status ClientHandshake(int fd, const std::string& secret, const std::string& tag,
+                       double timeout_s) {
+  std::string nonce;
+  HVD_RETURN_IF_ERROR(RecvFrame(fd, &nonce, timeout_s));
+  HVD_RETURN_IF_ERROR(SendFrame(fd, Sha256(secret + nonce + tag) + tag, timeout_s));
+  std::string verdict;
+  HVD_RETURN_IF_ERROR(RecvFrame(fd, &verdict, timeout_s));
+  if (verdict != "Y") {
+    return Status::Aborted(
+        "the peer rejected our job secret: HOROVOD_SECRET differs from the launcher's");
+  }
+  return Status::Ok();
+}
+
+void TuneForData(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  int buf = 4 * 1024 * 1024;
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+  int flags = ::fcntl(fd, F_GETFL, 0);
+  ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+}
+
+}  // namespace hvd

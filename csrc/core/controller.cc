@@ -1,0 +1,249 @@
+#include "core/controller.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "common/check.h"
+
+namespace hvd {
+namespace {
+
+std::string ShapeStr(const std::vector<int64_t>& shape) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << "]";
+  return os.str();
+}
+
+// Builds "rank 0 has X, rank 1 has Y" for the first field that differs.
+template <typename F>
+std::string Disagreement(const std::vector<Request>& reqs, F field) {
+  std::ostringstream os;
+  for (size_t r = 0; r < reqs.size(); ++r) os << (r ? ", " : "") << "rank " << r << " has " << field(reqs[r]);
+  return os.str();
+}
+
+}  // namespace
+
+Controller::Controller(ControlPlane* control, size_t cache_capacity)
+    : control_(control), cache_(cache_capacity) {}
+
+void Controller::Classify(Request req, std::vector<uint64_t>* invalid) {
+  std::string sig = req.Signature();
+  bool same = false;
+  int pos = req.group_id == 0 ? cache_.Lookup(req.name, sig, &same) : -1;
+  if (pos >= 0 && same) {
+    cached_pending_[pos] = std::move(req);
+    return;
+  }
+  if (pos >= 0) SetBit(invalid, pos);
+  sent_sigs_[req.name] = sig;
+  uncached_.push_back(std::move(req));
+}
+
+Status Controller::Cycle(std::vector<Request> fresh, bool want_shutdown,
+                         std::vector<Response>* responses, bool* shutdown) {
+  RequestList mine;
+  mine.invalid_bits.assign(cache_.num_words(), 0);
+  mine.ready_bits.assign(cache_.num_words(), 0);
+  for (auto& r : fresh) Classify(std::move(r), &mine.invalid_bits);
+  for (auto& kv : cached_pending_) SetBit(&mine.ready_bits, kv.first);
+  mine.requests.swap(uncached_);
+  mine.shutdown = want_shutdown;
+
+  std::vector<std::string> gathered;
+  HVD_RETURN_IF_ERROR(control_->Gather(Encode(mine), &gathered));
+  std::string reply;
+  if (control_->rank() == 0) {
+    std::vector<RequestList> lists(gathered.size());
+    for (size_t r = 0; r < gathered.size(); ++r) HVD_RETURN_IF_ERROR(Decode(gathered[r], &lists[r]));
+    bool ok = true;
+    std::string error;
+    ResponseList out = Coordinate(lists, &ok, &error);
+    if (!ok) return Status::Aborted(error);
+    reply = Encode(out);
+  }
+  HVD_RETURN_IF_ERROR(control_->Bcast(&reply));
+  ResponseList list;
+  HVD_RETURN_IF_ERROR(Decode(reply, &list));
+  responses->clear();
+  Apply(list, responses);
+  *shutdown = list.shutdown;
+  return Status::Ok();
+}
+
+ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool* ok,
+                                    std::string* error) {
+  const int size = static_cast<int>(lists.size());
+  ResponseList out;
+  out.ready_bits.assign(cache_.num_words(), ~0ull);
+  out.invalid_bits.assign(cache_.num_words(), 0);
+  for (const auto& l : lists) {
+    if (l.ready_bits.size() != cache_.num_words() || l.invalid_bits.size() != cache_.num_words()) {
+      *ok = false;
+      *error = "ranks disagree on HOROVOD_CACHE_CAPACITY; set it the same on every rank";
+      return out;
+    }
+    for (size_t w = 0; w < cache_.num_words(); ++w) {
+      out.ready_bits[w] &= l.ready_bits[w];
+      out.invalid_bits[w] |= l.invalid_bits[w];
+    }
+    out.shutdown = out.shutdown || l.shutdown;
+  }
+  for (size_t w = 0; w < cache_.num_words(); ++w) out.ready_bits[w] &= ~out.invalid_bits[w];
+
+  // Full requests: record, and find names every rank has now submitted.
+  std::vector<std::string> complete;
+  for (int r = 0; r < size; ++r) {
+    for (const auto& req : lists[r].requests) {
+      Pending& p = table_[req.name];
+      if (p.by_rank.empty()) {
+        p.by_rank.resize(size);
+        p.order = next_order_++;
+      }
+      if (!p.by_rank[req.rank].name.empty()) continue;  // duplicate: checked at submission
+      p.by_rank[req.rank] = req;
+      if (++p.count == size) complete.push_back(req.name);
+    }
+  }
+  // A grouped request runs only with its whole group: hold members until every
+  // member is complete.
+  std::map<int64_t, int> group_ready;
+  for (const auto& kv : table_) {
+    if (kv.second.count == size && kv.second.by_rank[0].group_id != 0) {
+      ++group_ready[kv.second.by_rank[0].group_id];
+    }
+  }
+  std::vector<std::pair<uint64_t, std::string>> ready;
+  for (const auto& kv : table_) {
+    const Pending& p = kv.second;
+    if (p.count != size) continue;
+    const Request& r0 = p.by_rank[0];
+    if (r0.group_id != 0 && group_ready[r0.group_id] < r0.group_size) continue;
+    ready.emplace_back(p.order, kv.first);
+  }
+  std::sort(ready.begin(), ready.end());
+  for (const auto& o : ready) {
+    out.responses.push_back(Match(table_[o.second].by_rank, size));
+    table_.erase(o.second);
+  }
+  return out;
+}
+
+Response Controller::Match(const std::vector<Request>& reqs, int size) {
+  const Request& a = reqs[0];
+  Response resp;
+  resp.type = a.type;
+  resp.name = a.name;
+  resp.dtype = a.dtype;
+  resp.op = a.op;
+  resp.root = a.root;
+  resp.prescale = a.prescale;
+  resp.postscale = a.postscale;
+  resp.shape = a.shape;
+  resp.group_id = a.group_id;
+  auto fail = [&](const std::string& what, const std::string& detail) {
+    resp.error = "Mismatched " + what + " for '" + a.name + "': " + detail +
+                 ". Every rank must submit the same collective with matching arguments.";
+    return resp;
+  };
+  for (const auto& r : reqs) {
+    if (r.type != a.type) {
+      return fail("collective operations",
+                  Disagreement(reqs, [](const Request& q) { return std::string(OpTypeName(q.type)); }));
+    }
+  }
+  for (const auto& r : reqs) {
+    if (r.dtype != a.dtype) {
+      return fail("data types",
+                  Disagreement(reqs, [](const Request& q) { return std::string(DataTypeName(q.dtype)); }));
+    }
+    if (r.op != a.op) {
+      return fail("reduction ops",
+                  Disagreement(reqs, [](const Request& q) { return std::string(ReduceOpName(q.op)); }));
+    }
+    if (r.prescale != a.prescale || r.postscale != a.postscale) {
+      return fail("scale factors", Disagreement(reqs, [](const Request& q) {
+                    return "prescale " + std::to_string(q.prescale) + " / postscale " +
+                           std::to_string(q.postscale);
+                  }));
+    }
+    if (r.root != a.root) {
+      return fail("root ranks",
+                  Disagreement(reqs, [](const Request& q) { return std::to_string(q.root); }));
+    }
+    if (r.group_id != a.group_id || r.group_size != a.group_size) {
+      return fail("groups", Disagreement(reqs, [](const Request& q) {
+                    return "group of " + std::to_string(q.group_size);
+                  }));
+    }
+  }
+  auto shapes = [](const Request& q) { return ShapeStr(q.shape); };
+  switch (a.type) {
+    case OpType::kAllreduce:
+    case OpType::kBroadcast:
+    case OpType::kReducescatter:
+      for (const auto& r : reqs) {
+        if (r.shape != a.shape) return fail("tensor shapes", Disagreement(reqs, shapes));
+      }
+      break;
+    case OpType::kAllgather:
+    case OpType::kAlltoall:
+      for (const auto& r : reqs) {
+        if (r.shape.size() != a.shape.size() || r.shape.empty() ||
+            !std::equal(r.shape.begin() + 1, r.shape.end(), a.shape.begin() + 1)) {
+          return fail("tensor shapes (all but the first dimension must match)",
+                      Disagreement(reqs, shapes));
+        }
+      }
+      for (const auto& r : reqs) {
+        if (a.type == OpType::kAllgather) {
+          resp.rank_rows.push_back(r.shape[0]);
+        } else {
+          HVD_CHECK(static_cast<int>(r.splits.size()) == size);
+          resp.rank_rows.insert(resp.rank_rows.end(), r.splits.begin(), r.splits.end());
+        }
+      }
+      break;
+    case OpType::kBarrier:
+      break;
+  }
+  return resp;
+}
+
+void Controller::Apply(const ResponseList& list, std::vector<Response>* out) {
+  auto requeue = [this](int pos) {
+    auto it = cached_pending_.find(pos);
+    if (it == cached_pending_.end()) return;
+    sent_sigs_[it->second.name] = it->second.Signature();
+    uncached_.push_back(std::move(it->second));
+    cached_pending_.erase(it);
+  };
+  for (size_t pos = 0; pos < cache_.capacity(); ++pos) {
+    if (TestBit(list.invalid_bits, pos)) {
+      requeue(static_cast<int>(pos));
+      cache_.Erase(static_cast<int>(pos));
+    }
+  }
+  for (size_t pos = 0; pos < cache_.capacity(); ++pos) {
+    if (!TestBit(list.ready_bits, pos)) continue;
+    int p = static_cast<int>(pos);
+    HVD_CHECK(cached_pending_.count(p) == 1);
+    out->push_back(cache_.Get(p));
+    cache_.Touch(p);
+    cached_pending_.erase(p);
+  }
+  for (const auto& resp : list.responses) {
+    out->push_back(resp);
+    auto sig = sent_sigs_.find(resp.name);
+    std::string signature = sig == sent_sigs_.end() ? std::string() : sig->second;
+    if (sig != sent_sigs_.end()) sent_sigs_.erase(sig);
+    if (!resp.error.empty() || resp.group_id != 0 || resp.type == OpType::kBarrier) continue;
+    int evicted = -1;
+    cache_.Put(resp, signature, &evicted);
+    if (evicted >= 0) requeue(evicted);
+  }
+}
+
+}  // namespace hvd

@@ -1,0 +1,59 @@
+// The controller runs one negotiation cycle per call, for one process set:
+//   1. sort this rank's new requests into cache hits (a bit) and misses (full text);
+//   2. gather every rank's RequestList at the coordinator (rank 0);
+//   3. the coordinator ANDs ready bits, ORs invalid bits, matches full requests by
+//      name until every rank has submitted one, validates that they agree, and
+//      orders the ready responses (grouped ones only when the whole group is ready);
+//   4. every rank receives the same ResponseList and turns it into the same ordered
+//      list of responses to execute, updating its cache identically.
+//
+// Threading: used only by the background thread. Torch-free.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/response_cache.h"
+#include "transport/transport.h"
+#include "wire/message.h"
+
+namespace hvd {
+
+class Controller {
+ public:
+  Controller(ControlPlane* control, size_t cache_capacity);
+
+  // One cycle. `fresh`: requests submitted since the last cycle. On return
+  // *responses holds what to execute now, in order (identical on every rank).
+  // *shutdown is true when any rank asked to shut down.
+  Status Cycle(std::vector<Request> fresh, bool want_shutdown, std::vector<Response>* responses,
+               bool* shutdown);
+
+  // Coordinator's validation of one name's requests (one per rank, by rank).
+  // Exposed for tests.
+  static Response Match(const std::vector<Request>& reqs, int size);
+
+ private:
+  void Classify(Request req, std::vector<uint64_t>* invalid);
+  ResponseList Coordinate(const std::vector<RequestList>& lists, bool* ok, std::string* error);
+  void Apply(const ResponseList& list, std::vector<Response>* out);
+
+  ControlPlane* control_;  // borrowed
+  ResponseCache cache_;
+  std::vector<Request> uncached_;                 // to send in full next cycle
+  std::map<int, Request> cached_pending_;         // cache position -> my request
+  std::map<std::string, std::string> sent_sigs_;  // names sent in full -> my signature
+
+  // Coordinator state: requests received so far, by name.
+  struct Pending {
+    std::vector<Request> by_rank;
+    int count = 0;
+    uint64_t order = 0;  // arrival order, for a stable response order
+  };
+  std::map<std::string, Pending> table_;
+  uint64_t next_order_ = 0;
+};
+
+}  // namespace hvd

@@ -1,0 +1,37 @@
+#include "core/fusion.h"
+
+namespace hvd {
+
+int64_t ResponseBytes(const Response& r) {
+  int64_t n = 1;
+  for (int64_t d : r.shape) n *= d;
+  return n * static_cast<int64_t>(DataTypeSize(r.dtype));
+}
+
+namespace {
+bool Fusable(const Response& a, const Response& b) {
+  return a.type == OpType::kAllreduce && b.type == OpType::kAllreduce && a.error.empty() &&
+         b.error.empty() && a.dtype == b.dtype && a.op == b.op && a.prescale == b.prescale &&
+         a.postscale == b.postscale;
+}
+}  // namespace
+
+std::vector<std::vector<size_t>> PlanFusion(const std::vector<Response>& responses,
+                                            int64_t threshold_bytes) {
+  std::vector<std::vector<size_t>> batches;
+  int64_t batch_bytes = 0;
+  for (size_t i = 0; i < responses.size(); ++i) {
+    int64_t bytes = ResponseBytes(responses[i]);
+    if (!batches.empty() && Fusable(responses[batches.back().front()], responses[i]) &&
+        batch_bytes + bytes <= threshold_bytes) {
+      batches.back().push_back(i);
+      batch_bytes += bytes;
+    } else {
+      batches.push_back({i});
+      batch_bytes = bytes;
+    }
+  }
+  return batches;
+}
+
+}  // namespace hvd

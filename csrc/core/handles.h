@@ -1,0 +1,80 @@
+// Handles: the integer a Python caller holds for an op in flight.
+//
+// Threading: HandleState is written once by the background thread (Complete) and
+// read by Python threads (Poll/Wait); HandleTable is used by Python threads.
+// A HandleState is shared between the table and the runtime's pending entry,
+// because either may outlive the other (a runtime shut down with ops in flight).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "common/status.h"
+
+namespace hvd {
+
+class HandleState {
+ public:
+  void Complete(Status status, at::Tensor output = {}, at::Tensor splits = {}) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (done_) return;
+      status_ = std::move(status);
+      output_ = std::move(output);
+      splits_ = std::move(splits);
+      done_ = true;
+    }
+    cv_.notify_all();
+  }
+  bool Poll() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+  // Blocks until complete. Call without the Python GIL held.
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return done_; });
+  }
+  // Valid after Wait().
+  const Status& status() const { return status_; }
+  const at::Tensor& output() const { return output_; }
+  const at::Tensor& splits() const { return splits_; }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;       // GUARDED_BY(mu_)
+  Status status_;           // GUARDED_BY(mu_), immutable once done_
+  at::Tensor output_;
+  at::Tensor splits_;
+};
+
+class HandleTable {
+ public:
+  int Add(std::shared_ptr<HandleState> state) {
+    std::lock_guard<std::mutex> lock(mu_);
+    int h = next_++;
+    table_[h] = std::move(state);
+    return h;
+  }
+  std::shared_ptr<HandleState> Find(int handle) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = table_.find(handle);
+    return it == table_.end() ? nullptr : it->second;
+  }
+  void Release(int handle) {
+    std::lock_guard<std::mutex> lock(mu_);
+    table_.erase(handle);
+  }
+
+ private:
+  std::mutex mu_;
+  int next_ = 1;                                                  // GUARDED_BY(mu_)
+  std::unordered_map<int, std::shared_ptr<HandleState>> table_;   // GUARDED_BY(mu_)
+};
+
+}  // namespace hvd

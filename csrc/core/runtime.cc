@@ -1,0 +1,372 @@
+#include "core/runtime.h"
+
+#include <chrono>
+#include <cstring>
+#include <numeric>
+
+#include "common/check.h"
+#include "common/logging.h"
+#include "core/fusion.h"
+
+namespace hvd {
+namespace {
+
+bool ToDataType(at::ScalarType t, DataType* out) {
+  switch (t) {
+    case at::kByte: *out = DataType::kUInt8; return true;
+    case at::kChar: *out = DataType::kInt8; return true;
+    case at::kShort: *out = DataType::kInt16; return true;
+    case at::kInt: *out = DataType::kInt32; return true;
+    case at::kLong: *out = DataType::kInt64; return true;
+    case at::kHalf: *out = DataType::kFloat16; return true;
+    case at::kBFloat16: *out = DataType::kBFloat16; return true;
+    case at::kFloat: *out = DataType::kFloat32; return true;
+    case at::kDouble: *out = DataType::kFloat64; return true;
+    case at::kBool: *out = DataType::kBool; return true;
+    default: return false;
+  }
+}
+
+size_t Bytes(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
+
+int64_t RowElems(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
+}  // namespace
+
+Status Runtime::Create(const WorldInfo& world, const Config& config,
+                       std::unique_ptr<Runtime>* out) {
+  std::unique_ptr<Runtime> rt(new Runtime(world, config));
+  TcpOptions opt;
+  opt.connect_timeout_s = config.start_timeout_s;
+  opt.io_timeout_s = config.tcp_timeout_s;
+  opt.small_allreduce_bytes = static_cast<size_t>(config.small_allreduce_bytes);
+  opt.ring_chunk_bytes = static_cast<size_t>(std::max<int64_t>(4096, config.ring_chunk_bytes));
+  if (world.size > 1) {
+    if (world.store_host.empty()) {
+      return Status::InvalidArgument(
+          "size > 1 but no rendezvous store address: start the job with horovodrun");
+    }
+    HVD_RETURN_IF_ERROR(StoreClient::Connect(world.store_host, world.store_port, world.secret,
+                                             config.start_timeout_s, &rt->store_));
+  }
+  HVD_RETURN_IF_ERROR(TcpTransport::Create(rt->store_.get(), world.prefix, world.rank,
+                                           world.size, world.secret, opt, &rt->transport_));
+  rt->controller_ = std::make_unique<Controller>(
+      rt->transport_.get(), static_cast<size_t>(std::max<int64_t>(0, config.cache_capacity)));
+  rt->thread_ = std::thread([r = rt.get()] { r->Loop(); });
+  *out = std::move(rt);
+  return Status::Ok();
+}
+
+Runtime::~Runtime() { Shutdown(); }
+
+void Runtime::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutdown_requested_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+Status Runtime::CheckLocal(const Submission& s) const {
+  const Request& r = s.request;
+  const char* op = OpTypeName(r.type);
+  if (r.type == OpType::kBarrier) return Status::Ok();
+  if (!s.input.defined()) return Status::InvalidArgument(std::string(op) + ": tensor is undefined");
+  if (!s.input.device().is_cpu()) {
+    return Status::InvalidArgument(std::string(op) + " of '" + r.name + "': tensor is on " +
+                                   s.input.device().str() +
+                                   ", but this build of horovod_torch has no NCCL support; "
+                                   "move the tensor to the CPU or rebuild with CUDA and NCCL");
+  }
+  DataType dt;
+  if (!ToDataType(s.input.scalar_type(), &dt)) {
+    return Status::InvalidArgument(std::string(op) + " of '" + r.name + "': dtype " +
+                                   std::string(c10::toString(s.input.scalar_type())) +
+                                   " is not supported (use uint8, int8, int16, int32, int64, "
+                                   "float16, bfloat16, float32, float64 or bool)");
+  }
+  if (!s.input.is_contiguous() || (s.output.defined() && !s.output.is_contiguous())) {
+    return Status::InvalidArgument(std::string(op) + " of '" + r.name +
+                                   "': in-place ops need a contiguous tensor; call "
+                                   ".contiguous() first or use the out-of-place variant");
+  }
+  bool reduces = r.type == OpType::kAllreduce || r.type == OpType::kReducescatter;
+  if (reduces && r.op == ReduceOp::kAdasum) {
+    return Status::InvalidArgument(std::string(op) + " of '" + r.name +
+                                   "': op=Adasum is not supported by this engine yet; use Sum or "
+                                   "Average");
+  }
+  if (dt == DataType::kBool && (r.op == ReduceOp::kAverage || r.prescale != 1.0 ||
+                                r.postscale != 1.0) && reduces) {
+    return Status::InvalidArgument(std::string(op) + " of '" + r.name +
+                                   "': bool tensors cannot be averaged or scaled; use Sum (logical "
+                                   "or), Min or Max");
+  }
+  if (r.type == OpType::kBroadcast && (r.root < 0 || r.root >= world_.size)) {
+    return Status::InvalidArgument("broadcast of '" + r.name + "': root_rank " +
+                                   std::to_string(r.root) + " is out of range [0, " +
+                                   std::to_string(world_.size) + ")");
+  }
+  bool needs_rows = r.type == OpType::kAllgather || r.type == OpType::kAlltoall ||
+                    r.type == OpType::kReducescatter;
+  if (needs_rows && s.input.dim() == 0) {
+    return Status::InvalidArgument(std::string(op) + " of '" + r.name +
+                                   "': needs a tensor with at least one dimension");
+  }
+  if (r.type == OpType::kAlltoall) {
+    if (static_cast<int>(r.splits.size()) != world_.size) {
+      return Status::InvalidArgument("alltoall of '" + r.name + "': splits has " +
+                                     std::to_string(r.splits.size()) +
+                                     " entries, but there are " + std::to_string(world_.size) +
+                                     " ranks; give one count per rank");
+    }
+    int64_t sum = 0;
+    for (int64_t x : r.splits) {
+      if (x < 0) return Status::InvalidArgument("alltoall of '" + r.name + "': splits must be >= 0");
+      sum += x;
+    }
+    if (sum != s.input.size(0)) {
+      return Status::InvalidArgument("alltoall of '" + r.name + "': splits sum to " +
+                                     std::to_string(sum) + " but the first dimension is " +
+                                     std::to_string(s.input.size(0)));
+    }
+  }
+  return Status::Ok();
+}
+
+Status Runtime::Submit(std::vector<Submission> subs,
+                       std::vector<std::shared_ptr<HandleState>>* handles) {
+  for (auto& s : subs) {
+    Request& r = s.request;
+    r.rank = world_.rank;
+    if (s.input.defined()) {
+      ToDataType(s.input.scalar_type(), &r.dtype);
+      r.shape.assign(s.input.sizes().begin(), s.input.sizes().end());
+    }
+    HVD_RETURN_IF_ERROR(CheckLocal(s));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!broken_.ok()) return broken_;
+  if (stopped_ || shutdown_requested_) {
+    return Status::Aborted("horovod_torch has been shut down; call hvd.init() again");
+  }
+  for (size_t i = 0; i < subs.size(); ++i) {
+    const std::string& name = subs[i].request.name;
+    bool dup = pending_.count(name) > 0;
+    for (size_t j = 0; j < i; ++j) dup = dup || subs[j].request.name == name;
+    if (dup) {
+      return Status::InvalidArgument(
+          "a collective named '" + name +
+          "' is already in flight; wait for it or give each concurrent op a unique name");
+    }
+  }
+  handles->clear();
+  for (auto& s : subs) {
+    auto h = std::make_shared<HandleState>();
+    handles->push_back(h);
+    fresh_.push_back(s.request);
+    std::string name = s.request.name;
+    pending_.emplace(std::move(name), Entry{std::move(s), h});
+  }
+  cv_.notify_one();
+  return Status::Ok();
+}
+
+// The background loop (DESIGN.md §3): sleep until work arrives or the cycle time
+// passes, negotiate, execute. Any transport error ends the loop and fails every
+// pending and future op; the sockets are shut so peers notice at once too.
+void Runtime::Loop() {
+  auto cycle = std::chrono::microseconds(static_cast<int64_t>(config_.cycle_time_ms * 1000));
+  while (true) {
+    std::vector<Request> fresh;
+    bool want_shutdown;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, cycle, [this] { return !fresh_.empty() || shutdown_requested_; });
+      fresh.swap(fresh_);
+      want_shutdown = shutdown_requested_;
+    }
+    std::vector<Response> responses;
+    bool shutdown = false;
+    Status st = controller_->Cycle(std::move(fresh), want_shutdown, &responses, &shutdown);
+    if (st.ok()) st = Execute(responses);
+    if (!st.ok()) {
+      HVD_LOG(kError) << "background loop stopped: " << st.message();
+      transport_->Abort();
+      FailAll(Status::Aborted(st.message()));
+      return;
+    }
+    if (shutdown) {
+      FailAll(Status::Aborted("horovod_torch was shut down (a rank called hvd.shutdown()) "
+                              "before this op completed"));
+      return;
+    }
+  }
+}
+
+void Runtime::FailAll(const Status& status) {
+  std::unordered_map<std::string, Entry> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_ = true;
+    if (!shutdown_requested_) broken_ = status;
+    pending.swap(pending_);
+    fresh_.clear();
+  }
+  for (auto& kv : pending) kv.second.handle->Complete(status);
+}
+
+Status Runtime::Execute(const std::vector<Response>& responses) {
+  for (const auto& batch : PlanFusion(responses, config_.fusion_threshold_bytes)) {
+    std::vector<Entry> entries;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t i : batch) {
+        auto it = pending_.find(responses[i].name);
+        HVD_CHECK(it != pending_.end());
+        entries.push_back(std::move(it->second));
+        pending_.erase(it);
+      }
+    }
+    const Response& first = responses[batch[0]];
+    Status st;
+    if (!first.error.empty()) {
+      entries[0].handle->Complete(Status::Mismatch(first.error));
+      continue;
+    }
+    if (first.type == OpType::kAllreduce) {
+      std::vector<Response> rs;
+      for (size_t i : batch) rs.push_back(responses[i]);
+      st = RunAllreduce(rs, entries);
+    } else {
+      st = RunOne(first, entries[0]);
+    }
+    if (!st.ok()) {
+      for (auto& e : entries) e.handle->Complete(Status::Aborted(st.message()));
+      return st;
+    }
+  }
+  return Status::Ok();
+}
+
+Status Runtime::RunAllreduce(const std::vector<Response>& batch, std::vector<Entry>& entries) {
+  const Response& r = batch[0];
+  ReduceOp op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
+  double post = r.postscale * (r.op == ReduceOp::kAverage ? 1.0 / world_.size : 1.0);
+  if (entries.size() == 1) {
+    Entry& e = entries[0];
+    at::Tensor& out = e.sub.output;
+    if (!out.is_same(e.sub.input)) out.copy_(e.sub.input);
+    size_t count = static_cast<size_t>(out.numel());
+    ScaleBuffer(out.data_ptr(), count, r.dtype, r.prescale);
+    HVD_RETURN_IF_ERROR(transport_->Allreduce(out.data_ptr(), count, r.dtype, op));
+    ScaleBuffer(out.data_ptr(), count, r.dtype, post);
+    e.handle->Complete(Status::Ok(), out);
+    return Status::Ok();
+  }
+  // Fused: pack every input into one buffer, reduce once, unpack.
+  size_t total = 0;
+  for (auto& e : entries) total += Bytes(e.sub.input);
+  if (fusion_buffer_.size() < total) fusion_buffer_.resize(total);
+  char* buf = fusion_buffer_.data();
+  size_t off = 0;
+  for (auto& e : entries) {
+    std::memcpy(buf + off, e.sub.input.data_ptr(), Bytes(e.sub.input));
+    off += Bytes(e.sub.input);
+  }
+  size_t count = total / DataTypeSize(r.dtype);
+  ScaleBuffer(buf, count, r.dtype, r.prescale);
+  HVD_RETURN_IF_ERROR(transport_->Allreduce(buf, count, r.dtype, op));
+  ScaleBuffer(buf, count, r.dtype, post);
+  off = 0;
+  for (auto& e : entries) {
+    std::memcpy(e.sub.output.data_ptr(), buf + off, Bytes(e.sub.input));
+    off += Bytes(e.sub.input);
+    e.handle->Complete(Status::Ok(), e.sub.output);
+  }
+  return Status::Ok();
+}
+
+Status Runtime::RunOne(const Response& r, Entry& e) {
+  const int size = world_.size, me = world_.rank;
+  const at::Tensor& in = e.sub.input;
+  const size_t esize = DataTypeSize(r.dtype);
+  switch (r.type) {
+    case OpType::kAllreduce:
+      HVD_CHECK(false && "allreduce goes through RunAllreduce");
+      break;
+    case OpType::kBarrier:
+      e.handle->Complete(Status::Ok());
+      return Status::Ok();
+    case OpType::kBroadcast: {
+      at::Tensor& out = e.sub.output;
+      if (me == r.root && !out.is_same(in)) out.copy_(in);
+      HVD_RETURN_IF_ERROR(transport_->Broadcast(out.data_ptr(), Bytes(out), r.root));
+      e.handle->Complete(Status::Ok(), out);
+      return Status::Ok();
+    }
+    case OpType::kAllgather: {
+      const int64_t row = RowElems(e.sub.request.shape);
+      std::vector<size_t> bytes(size);
+      int64_t rows = 0;
+      for (int p = 0; p < size; ++p) {
+        bytes[p] = static_cast<size_t>(r.rank_rows[p] * row) * esize;
+        rows += r.rank_rows[p];
+      }
+      std::vector<int64_t> shape = e.sub.request.shape;
+      shape[0] = rows;
+      at::Tensor out = at::empty(shape, in.options());
+      HVD_RETURN_IF_ERROR(transport_->Allgatherv(in.data_ptr(), out.data_ptr(), bytes));
+      e.handle->Complete(Status::Ok(), out);
+      return Status::Ok();
+    }
+    case OpType::kAlltoall: {
+      const size_t row_bytes = static_cast<size_t>(RowElems(e.sub.request.shape)) * esize;
+      std::vector<size_t> send(size), recv(size);
+      at::Tensor splits = at::empty({size}, at::kInt);
+      int64_t rows = 0;
+      for (int p = 0; p < size; ++p) {
+        send[p] = static_cast<size_t>(r.rank_rows[me * size + p]) * row_bytes;
+        int64_t from_p = r.rank_rows[p * size + me];
+        recv[p] = static_cast<size_t>(from_p) * row_bytes;
+        splits.data_ptr<int32_t>()[p] = static_cast<int32_t>(from_p);
+        rows += from_p;
+      }
+      std::vector<int64_t> shape = e.sub.request.shape;
+      shape[0] = rows;
+      at::Tensor out = at::empty(shape, in.options());
+      HVD_RETURN_IF_ERROR(transport_->Alltoallv(in.data_ptr(), send, out.data_ptr(), recv));
+      e.handle->Complete(Status::Ok(), out, splits);
+      return Status::Ok();
+    }
+    case OpType::kReducescatter: {
+      const int64_t dim0 = r.shape[0], row = RowElems(r.shape);
+      std::vector<size_t> counts(size);
+      for (int p = 0; p < size; ++p) {
+        counts[p] = static_cast<size_t>((dim0 / size + (p < dim0 % size ? 1 : 0)) * row);
+      }
+      std::vector<int64_t> shape = r.shape;
+      shape[0] = dim0 / size + (me < dim0 % size ? 1 : 0);
+      at::Tensor out = at::empty(shape, in.options());
+      if (fusion_buffer_.size() < Bytes(in)) fusion_buffer_.resize(Bytes(in));
+      char* buf = fusion_buffer_.data();
+      std::memcpy(buf, in.data_ptr(), Bytes(in));
+      ReduceOp op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
+      double post = r.postscale * (r.op == ReduceOp::kAverage ? 1.0 / size : 1.0);
+      ScaleBuffer(buf, static_cast<size_t>(in.numel()), r.dtype, r.prescale);
+      HVD_RETURN_IF_ERROR(transport_->Reducescatter(buf, counts, r.dtype, op, out.data_ptr()));
+      ScaleBuffer(out.data_ptr(), static_cast<size_t>(out.numel()), r.dtype, post);
+      e.handle->Complete(Status::Ok(), out);
+      return Status::Ok();
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace hvd

@@ -1,0 +1,94 @@
+// The Runtime: everything one initialised horovod_torch process owns — config,
+// store client, transport, controller, pending ops and the background thread
+// (DESIGN.md §3). The bindings hold at most one; shutdown() destroys it and a new
+// init() creates a fresh one.
+//
+// Threading: Submit() and RequestShutdown() are called from Python threads; the
+// background thread runs Loop(), the only user of the transport and controller.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/config.h"
+#include "core/controller.h"
+#include "core/handles.h"
+#include "rendezvous/store.h"
+#include "transport/tcp_transport.h"
+
+namespace hvd {
+
+struct WorldInfo {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  int cross_rank = 0;
+  int cross_size = 1;
+  std::string store_host;  // empty: no store (a world of one)
+  int store_port = 0;
+  std::string secret;
+  std::string prefix;  // rendezvous namespace, unique per init (e.g. "gen3")
+};
+
+// One op as submitted by Python. The request's rank, dtype and shape are filled in
+// by Submit from the tensor.
+struct Submission {
+  Request request;
+  at::Tensor input;
+  at::Tensor output;  // allreduce / broadcast: where the result goes (may alias input)
+};
+
+class Runtime {
+ public:
+  static Status Create(const WorldInfo& world, const Config& config,
+                       std::unique_ptr<Runtime>* out);
+  ~Runtime();
+
+  const WorldInfo& world() const { return world_; }
+
+  // Validates and queues the ops (all of them or none: a group is atomic).
+  Status Submit(std::vector<Submission> subs, std::vector<std::shared_ptr<HandleState>>* handles);
+
+  // Negotiated shutdown: blocks until the background thread has stopped.
+  void Shutdown();
+
+ private:
+  struct Entry {
+    Submission sub;
+    std::shared_ptr<HandleState> handle;
+  };
+
+  Runtime(WorldInfo world, Config config) : world_(std::move(world)), config_(std::move(config)) {}
+  void Loop();
+  Status Execute(const std::vector<Response>& responses);
+  Status RunAllreduce(const std::vector<Response>& batch, std::vector<Entry>& entries);
+  Status RunOne(const Response& r, Entry& e);
+  void FailAll(const Status& status);
+  Status CheckLocal(const Submission& s) const;
+
+  WorldInfo world_;
+  Config config_;
+  std::unique_ptr<StoreClient> store_;
+  std::unique_ptr<TcpTransport> transport_;
+  std::unique_ptr<Controller> controller_;
+  std::vector<char> fusion_buffer_;  // background thread only
+  std::thread thread_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Request> fresh_;                       // GUARDED_BY(mu_)
+  std::unordered_map<std::string, Entry> pending_;   // GUARDED_BY(mu_)
+  bool shutdown_requested_ = false;                  // GUARDED_BY(mu_)
+  bool stopped_ = false;                             // GUARDED_BY(mu_)
+  Status broken_;                                    // GUARDED_BY(mu_)
+};
+
+}  // namespace hvd

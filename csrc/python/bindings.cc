@@ -1,0 +1,189 @@
+// pybind11 module horovod_torch._C. Holds the process's one Runtime (created by
+// init, destroyed by shutdown) and the handle table that outlives it. Errors are
+// returned to Python as (code, message) so horovod_torch/basics.py can raise the
+// right exception type (see common/status.h).
+#include <torch/extension.h>
+
+#include <atomic>
+#include <mutex>
+
+#include "common/config.h"
+#include "common/logging.h"
+#include "core/runtime.h"
+#include "rendezvous/store.h"
+
+namespace py = pybind11;
+
+namespace hvd {
+namespace {
+
+struct Globals {
+  std::mutex mu;
+  std::unique_ptr<Runtime> runtime;  // GUARDED_BY(mu)
+  HandleTable handles;
+  std::atomic<int64_t> next_group{1};
+};
+
+Globals& G() {
+  static Globals* g = new Globals();  // never destroyed: threads may outlive module teardown
+  return *g;
+}
+
+py::tuple Err(const Status& s) { return py::make_tuple(static_cast<int>(s.code()), s.message()); }
+
+py::tuple Init(int rank, int size, int local_rank, int local_size, int cross_rank,
+               int cross_size, const std::string& store_host, int store_port,
+               const std::string& secret, const std::string& prefix) {
+  std::string env_error;
+  Config config = Config::FromEnv(&env_error);
+  SetLogLevel(config.log_level);
+  SetLogRank(rank);
+  if (!env_error.empty()) {
+    return Err(Status::InvalidArgument("bad environment setting: " + env_error));
+  }
+  WorldInfo w{rank,       size,       local_rank, local_size, cross_rank,
+              cross_size, store_host, store_port, secret,     prefix};
+  std::unique_ptr<Runtime> rt;
+  Status st;
+  {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> lock(G().mu);
+    if (G().runtime) return Err(Status::Ok());  // already initialised
+    st = Runtime::Create(w, config, &rt);
+    if (st.ok()) G().runtime = std::move(rt);
+  }
+  return Err(st);
+}
+
+void Shutdown() {
+  py::gil_scoped_release nogil;
+  std::unique_ptr<Runtime> rt;
+  {
+    std::lock_guard<std::mutex> lock(G().mu);
+    rt = std::move(G().runtime);
+  }
+  rt.reset();  // negotiated shutdown, joins the background thread
+}
+
+py::object World() {
+  std::lock_guard<std::mutex> lock(G().mu);
+  if (!G().runtime) return py::none();
+  const WorldInfo& w = G().runtime->world();
+  return py::make_tuple(w.rank, w.size, w.local_rank, w.local_size, w.cross_rank, w.cross_size);
+}
+
+// Submits one op per input; a group (grouped=true) is atomic and negotiated together.
+py::tuple Submit(int type, std::vector<at::Tensor> inputs,
+                 std::vector<c10::optional<at::Tensor>> outputs, std::vector<std::string> names,
+                 int op, int root, double prescale, double postscale,
+                 std::vector<int64_t> splits, bool grouped) {
+  std::vector<Submission> subs(inputs.size());
+  int64_t group = grouped ? G().next_group++ : 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    Submission& s = subs[i];
+    s.request.type = static_cast<OpType>(type);
+    s.request.name = names[i];
+    s.request.op = static_cast<ReduceOp>(op);
+    s.request.root = root;
+    s.request.prescale = prescale;
+    s.request.postscale = postscale;
+    s.request.splits = splits;
+    s.request.group_id = group;
+    s.request.group_size = grouped ? static_cast<int32_t>(inputs.size()) : 0;
+    s.input = inputs[i];
+    if (i < outputs.size() && outputs[i].has_value()) s.output = *outputs[i];
+  }
+  if (type == static_cast<int>(OpType::kBarrier) && subs.empty()) {
+    subs.resize(1);
+    subs[0].request.type = OpType::kBarrier;
+    subs[0].request.name = names.empty() ? "barrier" : names[0];
+  }
+  std::vector<std::shared_ptr<HandleState>> states;
+  Status st;
+  {
+    std::lock_guard<std::mutex> lock(G().mu);
+    if (!G().runtime) {
+      st = Status::InvalidArgument(
+          "horovod_torch has not been initialized; call hvd.init() first");
+    } else {
+      st = G().runtime->Submit(std::move(subs), &states);
+    }
+  }
+  py::list handles;
+  for (auto& s : states) handles.append(G().handles.Add(s));
+  return py::make_tuple(static_cast<int>(st.code()), st.message(), handles);
+}
+
+py::object Poll(int handle) {
+  auto h = G().handles.Find(handle);
+  if (!h) return py::none();
+  return py::bool_(h->Poll());
+}
+
+// Returns (code, message, output or None, received splits or None), or None for an
+// unknown handle.
+py::object Wait(int handle) {
+  auto h = G().handles.Find(handle);
+  if (!h) return py::none();
+  {
+    py::gil_scoped_release nogil;
+    h->Wait();
+  }
+  const Status& st = h->status();
+  py::object out = h->output().defined() ? py::cast(h->output()) : py::none();
+  py::object splits = h->splits().defined() ? py::cast(h->splits()) : py::none();
+  return py::make_tuple(static_cast<int>(st.code()), st.message(), out, splits);
+}
+
+py::list Knobs() {
+  py::list out;
+  Config d;
+#define HVD_LIST_KNOB(member, env, type, def, doc) \
+  out.append(py::make_tuple(env, #type, py::cast(d.member), doc));
+  HVD_KNOBS(HVD_LIST_KNOB)
+#undef HVD_LIST_KNOB
+  return out;
+}
+
+}  // namespace
+}  // namespace hvd
+
+PYBIND11_MODULE(_C, m) {
+  using namespace hvd;
+  m.doc() = "horovod_torch C++ core";
+  m.def("init", &Init);
+  m.def("shutdown", &Shutdown);
+  m.def("world", &World);
+  m.def("submit", &Submit);
+  m.def("poll", &Poll);
+  m.def("wait", &Wait);
+  m.def("release", [](int h) { G().handles.Release(h); });
+  m.def("knobs", &Knobs);
+  m.def("nccl_built", [] { return 0; });
+  m.def("mpi_built", [] { return false; });
+  m.def("cuda_built", [] { return false; });
+  m.attr("OP_ALLREDUCE") = static_cast<int>(OpType::kAllreduce);
+  m.attr("OP_ALLGATHER") = static_cast<int>(OpType::kAllgather);
+  m.attr("OP_BROADCAST") = static_cast<int>(OpType::kBroadcast);
+  m.attr("OP_ALLTOALL") = static_cast<int>(OpType::kAlltoall);
+  m.attr("OP_REDUCESCATTER") = static_cast<int>(OpType::kReducescatter);
+  m.attr("OP_BARRIER") = static_cast<int>(OpType::kBarrier);
+
+  py::class_<StoreServer>(m, "StoreServer")
+      .def(py::init([](const std::string& host, int port, const std::string& secret) {
+             auto s = std::make_unique<StoreServer>(host, port, secret);
+             if (!s->status().ok()) throw std::runtime_error(s->status().message());
+             return s;
+           }),
+           py::arg("host"), py::arg("port"), py::arg("secret"))
+      .def("port", &StoreServer::port)
+      .def("set", [](StoreServer& s, const std::string& k, const py::bytes& v) { s.Set(k, v); })
+      .def("get",
+           [](StoreServer& s, const std::string& k) -> py::object {
+             std::string v;
+             if (!s.Get(k, &v)) return py::none();
+             return py::bytes(v);
+           })
+      .def("add", &StoreServer::Add)
+      .def("stop", &StoreServer::Stop, py::call_guard<py::gil_scoped_release>());
+}

@@ -1,0 +1,195 @@
+#include "rendezvous/store.h"
+
+#include <chrono>
+
+#include "wire/codec.h"
+
+namespace hvd {
+namespace {
+
+constexpr double kForever = 365.0 * 24 * 3600;
+constexpr double kHandshakeTimeout = 10.0;
+
+// Requests: u8 opcode, then fields. Replies: u8 status (1 = found/ok), then fields.
+enum : uint8_t { kSet = 'S', kGet = 'G', kAdd = 'A' };
+
+}  // namespace
+
+StoreServer::StoreServer(const std::string& host, int port, std::string secret)
+    : secret_(std::move(secret)) {
+  status_ = Listen(host, port, &listener_, &port_);
+  if (status_.ok()) accept_thread_ = std::thread([this] { AcceptLoop(); });
+}
+
+StoreServer::~StoreServer() { Stop(); }
+
+void StoreServer::Stop() {
+  if (stopping_.exchange(true)) return;
+  listener_.Shutdown();
+  if (accept_thread_.joinable()) accept_thread_.join();
+  std::vector<std::thread> threads;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& c : conns_) c->Shutdown();
+    threads.swap(conn_threads_);
+  }
+  cv_.notify_all();
+  for (auto& t : threads) t.join();
+  listener_.Close();
+}
+
+void StoreServer::AcceptLoop() {
+  while (!stopping_) {
+    Socket s;
+    Status st = Accept(listener_, 0.5, &s);
+    if (!st.ok()) continue;  // timeout (re-check stopping_) or shut down
+    auto conn = std::make_shared<Socket>(std::move(s));
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) break;
+    conns_.push_back(conn);
+    conn_threads_.emplace_back([this, conn] { Serve(conn); });
+  }
+}
+
+void StoreServer::Serve(std::shared_ptr<Socket> conn) {
+  if (!ServerHandshake(conn->fd(), secret_, kHandshakeTimeout, nullptr).ok()) {
+    conn->Shutdown();
+    return;
+  }
+  std::string request;
+  while (!stopping_ && RecvFrame(conn->fd(), &request, kForever).ok()) {
+    if (!SendFrame(conn->fd(), Handle(request), kHandshakeTimeout).ok()) break;
+  }
+  conn->Shutdown();
+}
+
+std::string StoreServer::Handle(const std::string& request) {
+  Reader rd(request);
+  uint8_t op = rd.U8();
+  std::string key = rd.Str();
+  Writer w;
+  if (op == kSet) {
+    Set(key, rd.Str());
+    w.U8(1);
+  } else if (op == kAdd) {
+    w.U8(1);
+    w.I64(Add(key, rd.I64()));
+  } else if (op == kGet) {
+    double timeout_s = rd.F64();
+    auto deadline = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(timeout_s * 1e6));
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_until(lock, deadline, [&] { return stopping_ || data_.count(key) > 0; });
+    auto it = data_.find(key);
+    w.U8(it != data_.end() ? 1 : 0);
+    w.Str(it != data_.end() ? it->second : std::string());
+  } else {
+    w.U8(0);
+  }
+  return std::move(w.str());
+}
+
+void StoreServer::Set(const std::string& key, const std::string& value) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    data_[key] = value;
+  }
+  cv_.notify_all();
+}
+
+bool StoreServer::Get(const std::string& key, std::string* value) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = data_.find(key);
+  if (it == data_.end()) return false;
+  *value = it->second;
+  return true;
+}
+
+int64_t StoreServer::Add(const std::string& key, int64_t delta) {
+  int64_t v;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = data_.find(key);
+    v = (it == data_.end() ? 0 : std::stoll(it->second)) + delta;
+    data_[key] = std::to_string(v);
+  }
+  cv_.notify_all();
+  return v;
+}
+
+Status StoreClient::Connect(const std::string& host, int port, const std::string& secret,
+                            double timeout_s, std::unique_ptr<StoreClient>* out) {
+  std::unique_ptr<StoreClient> c(new StoreClient());
+  HVD_RETURN_IF_ERROR(::hvd::Connect(host, port, timeout_s, &c->sock_));
+  Status st = ClientHandshake(c->sock_.fd(), secret, "store", kHandshakeTimeout);
+  if (!st.ok()) {
+    return Status::Aborted("rendezvous store at " + host + ":" + std::to_string(port) + ": " +
+                           st.message());
+  }
+  *out = std::move(c);
+  return Status::Ok();
+}
+
+Status StoreClient::Call(const std::string& request, double timeout_s, std::string* reply) {
+  std::lock_guard<std::mutex> lock(mu_);
+  HVD_RETURN_IF_ERROR(SendFrame(sock_.fd(), request, kHandshakeTimeout));
+  Status st = RecvFrame(sock_.fd(), reply, timeout_s + kHandshakeTimeout);
+  if (!st.ok()) return Status::Aborted("lost the rendezvous store: " + st.message());
+  return Status::Ok();
+}
+
+Status StoreClient::Set(const std::string& key, const std::string& value) {
+  Writer w;
+  w.U8(kSet);
+  w.Str(key);
+  w.Str(value);
+  std::string reply;
+  return Call(w.str(), 0, &reply);
+}
+
+Status StoreClient::Get(const std::string& key, double timeout_s, std::string* value) {
+  bool found = false;
+  Writer w;
+  w.U8(kGet);
+  w.Str(key);
+  w.F64(timeout_s);
+  std::string reply;
+  HVD_RETURN_IF_ERROR(Call(w.str(), timeout_s, &reply));
+  Reader rd(reply);
+  found = rd.U8() == 1;
+  *value = rd.Str();
+  if (!found) {
+    return Status::Aborted("timed out after " + std::to_string(timeout_s) +
+                           " s waiting for rendezvous key '" + key + "'");
+  }
+  return Status::Ok();
+}
+
+Status StoreClient::TryGet(const std::string& key, std::string* value, bool* found) {
+  Writer w;
+  w.U8(kGet);
+  w.Str(key);
+  w.F64(0.0);
+  std::string reply;
+  HVD_RETURN_IF_ERROR(Call(w.str(), 0, &reply));
+  Reader rd(reply);
+  *found = rd.U8() == 1;
+  *value = rd.Str();
+  return Status::Ok();
+}
+
+Status StoreClient::Add(const std::string& key, int64_t delta, int64_t* result) {
+  Writer w;
+  w.U8(kAdd);
+  w.Str(key);
+  w.I64(delta);
+  std::string reply;
+  HVD_RETURN_IF_ERROR(Call(w.str(), 0, &reply));
+  Reader rd(reply);
+  rd.U8();
+  *result = rd.I64();
+  return Status::Ok();
+}
+
+std::string StoreClient::LocalAddress() const { return ::hvd::LocalAddress(sock_); }
+
+}  // namespace hvd

@@ -1,0 +1,54 @@
+// The two interfaces a transport implements for one communicator (a fixed group of
+// ranks numbered 0..size-1):
+//   ControlPlane: small negotiation messages between rank 0 (coordinator) and the rest.
+//   Collectives:  the data plane on host memory.
+//
+// Threading: an instance is used by exactly one thread, the Runtime's background
+// thread, except Abort(), which any thread may call to wake a blocked operation.
+// Ownership: buffers are borrowed for the duration of a call.
+// Errors: any I/O failure or silent peer returns Status kAborted; the transport is
+// then unusable and must be rebuilt (a reset).
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/types.h"
+
+namespace hvd {
+
+class ControlPlane {
+ public:
+  virtual ~ControlPlane() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Rank 0 receives every rank's `mine` in *all (indexed by rank); others send.
+  virtual Status Gather(const std::string& mine, std::vector<std::string>* all) = 0;
+  // Rank 0's *data reaches every rank.
+  virtual Status Bcast(std::string* data) = 0;
+};
+
+class Collectives {
+ public:
+  virtual ~Collectives() = default;
+  // In place: buf holds this rank's `count` elements, then the reduction over ranks.
+  // Every rank gets bitwise identical results. `op`: Sum, Min, Max or Product.
+  virtual Status Allreduce(void* buf, size_t count, DataType dtype, ReduceOp op) = 0;
+  // recv gets every rank's block in rank order; bytes[r] is rank r's block size.
+  virtual Status Allgatherv(const void* send, void* recv, const std::vector<size_t>& bytes) = 0;
+  virtual Status Broadcast(void* buf, size_t bytes, int root) = 0;
+  // send holds send_bytes[r] bytes for each rank r in order; recv gets recv_bytes[r]
+  // bytes from each rank r in order.
+  virtual Status Alltoallv(const void* send, const std::vector<size_t>& send_bytes, void* recv,
+                           const std::vector<size_t>& recv_bytes) = 0;
+  // buf holds sum(counts) elements of this rank (it is used as scratch); out gets the
+  // reduction of segment `rank` (counts[rank] elements).
+  virtual Status Reducescatter(void* buf, const std::vector<size_t>& counts, DataType dtype,
+                               ReduceOp op, void* out) = 0;
+  // Wakes and fails any blocked call (used when shutting down after an error).
+  virtual void Abort() = 0;
+};
+
+}  // namespace hvd

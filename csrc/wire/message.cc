@@ -1,0 +1,154 @@
+#include "wire/message.h"
+
+#include "wire/codec.h"
+
+namespace hvd {
+namespace {
+
+constexpr uint32_t kRequestMagic = 0x48565251;   // "HVRQ"
+constexpr uint32_t kResponseMagic = 0x48565253;  // "HVRS"
+
+void Put(Writer& w, const Request& r) {
+  w.I32(r.rank);
+  w.U8(static_cast<uint8_t>(r.type));
+  w.Str(r.name);
+  w.U8(static_cast<uint8_t>(r.dtype));
+  w.U8(static_cast<uint8_t>(r.op));
+  w.I32(r.root);
+  w.F64(r.prescale);
+  w.F64(r.postscale);
+  w.I64s(r.shape);
+  w.I64s(r.splits);
+  w.I64(r.group_id);
+  w.I32(r.group_size);
+}
+
+Request GetRequest(Reader& rd) {
+  Request r;
+  r.rank = rd.I32();
+  r.type = static_cast<OpType>(rd.U8());
+  r.name = rd.Str();
+  r.dtype = static_cast<DataType>(rd.U8());
+  r.op = static_cast<ReduceOp>(rd.U8());
+  r.root = rd.I32();
+  r.prescale = rd.F64();
+  r.postscale = rd.F64();
+  r.shape = rd.I64s();
+  r.splits = rd.I64s();
+  r.group_id = rd.I64();
+  r.group_size = rd.I32();
+  return r;
+}
+
+void Put(Writer& w, const Response& r) {
+  w.U8(static_cast<uint8_t>(r.type));
+  w.Str(r.name);
+  w.Str(r.error);
+  w.U8(static_cast<uint8_t>(r.dtype));
+  w.U8(static_cast<uint8_t>(r.op));
+  w.I32(r.root);
+  w.F64(r.prescale);
+  w.F64(r.postscale);
+  w.I64s(r.shape);
+  w.I64s(r.rank_rows);
+  w.I64(r.group_id);
+}
+
+Response GetResponse(Reader& rd) {
+  Response r;
+  r.type = static_cast<OpType>(rd.U8());
+  r.name = rd.Str();
+  r.error = rd.Str();
+  r.dtype = static_cast<DataType>(rd.U8());
+  r.op = static_cast<ReduceOp>(rd.U8());
+  r.root = rd.I32();
+  r.prescale = rd.F64();
+  r.postscale = rd.F64();
+  r.shape = rd.I64s();
+  r.rank_rows = rd.I64s();
+  r.group_id = rd.I64();
+  return r;
+}
+
+Status Finish(const Reader& rd, const char* what) {
+  if (!rd.ok() || !rd.done()) {
+    return Status::Aborted(std::string("corrupt ") + what + " received from a peer");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+const char* OpTypeName(OpType t) {
+  switch (t) {
+    case OpType::kAllreduce: return "allreduce";
+    case OpType::kAllgather: return "allgather";
+    case OpType::kBroadcast: return "broadcast";
+    case OpType::kAlltoall: return "alltoall";
+    case OpType::kReducescatter: return "reducescatter";
+    case OpType::kBarrier: return "barrier";
+  }
+  return "unknown";
+}
+
+std::string Request::Signature() const {
+  Writer w;
+  Request copy = *this;
+  copy.rank = 0;
+  Put(w, copy);
+  return std::move(w.str());
+}
+
+int64_t Request::NumElements() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string Encode(const RequestList& list) {
+  Writer w;
+  w.U32(kRequestMagic);
+  w.U8(list.shutdown ? 1 : 0);
+  w.U64s(list.ready_bits);
+  w.U64s(list.invalid_bits);
+  w.U32(static_cast<uint32_t>(list.requests.size()));
+  for (const auto& r : list.requests) Put(w, r);
+  return std::move(w.str());
+}
+
+std::string Encode(const ResponseList& list) {
+  Writer w;
+  w.U32(kResponseMagic);
+  w.U8(list.shutdown ? 1 : 0);
+  w.U64s(list.ready_bits);
+  w.U64s(list.invalid_bits);
+  w.U32(static_cast<uint32_t>(list.responses.size()));
+  for (const auto& r : list.responses) Put(w, r);
+  return std::move(w.str());
+}
+
+Status Decode(const std::string& bytes, RequestList* list) {
+  Reader rd(bytes);
+  if (rd.U32() != kRequestMagic) return Status::Aborted("bad request-list magic from a peer");
+  list->shutdown = rd.U8() != 0;
+  list->ready_bits = rd.U64s();
+  list->invalid_bits = rd.U64s();
+  uint32_t n = rd.U32();
+  list->requests.clear();
+  for (uint32_t i = 0; i < n && rd.ok(); ++i) list->requests.push_back(GetRequest(rd));
+  return Finish(rd, "request list");
+}
+
+Status Decode(const std::string& bytes, ResponseList* list) {
+  Reader rd(bytes);
+  if (rd.U32() != kResponseMagic) return Status::Aborted("bad response-list magic from a peer");
+  list->shutdown = rd.U8() != 0;
+  list->ready_bits = rd.U64s();
+  list->invalid_bits = rd.U64s();
+  uint32_t n = rd.U32();
+  list->responses.clear();
+  for (uint32_t i = 0; i < n && rd.ok(); ++i) list->responses.push_back(GetResponse(rd));
+  return Finish(rd, "response list");
+}
+
+}  // namespace hvd

@@ -1,0 +1,80 @@
+// Negotiation messages. Each cycle every rank sends a RequestList to the coordinator
+// (rank 0 of the process set); the coordinator answers every rank with the same
+// ResponseList. Layout on the wire: docs/wire.md.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/types.h"
+
+namespace hvd {
+
+enum class OpType : uint8_t {
+  kAllreduce = 0,
+  kAllgather = 1,
+  kBroadcast = 2,
+  kAlltoall = 3,
+  kReducescatter = 4,
+  kBarrier = 5,
+};
+const char* OpTypeName(OpType t);
+
+// What one rank wants to run. Everything ranks must agree on is in here.
+struct Request {
+  int32_t rank = 0;
+  OpType type = OpType::kAllreduce;
+  std::string name;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  int32_t root = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> splits;  // alltoall: rows sent to each rank
+  int64_t group_id = 0;         // 0: not grouped; else every member must be ready
+  int32_t group_size = 0;
+
+  // Everything except `rank`: two ranks' requests for one name must have equal
+  // signatures for the cache to treat them as a repeat.
+  std::string Signature() const;
+  int64_t NumElements() const;
+};
+
+struct RequestList {
+  std::vector<Request> requests;   // requests not served by the response cache
+  std::vector<uint64_t> ready_bits;    // cache positions this rank has pending
+  std::vector<uint64_t> invalid_bits;  // cache positions this rank found stale
+  bool shutdown = false;
+};
+
+// One collective to run (or one error to report) for one tensor name.
+struct Response {
+  OpType type = OpType::kAllreduce;
+  std::string name;
+  std::string error;  // non-empty: every rank fails this name with RuntimeError
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  int32_t root = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  std::vector<int64_t> shape;      // rank 0's shape
+  std::vector<int64_t> rank_rows;  // allgather: dim 0 per rank; alltoall: size x size splits
+  int64_t group_id = 0;
+};
+
+struct ResponseList {
+  std::vector<uint64_t> ready_bits;    // AND over ranks, invalid ones removed
+  std::vector<uint64_t> invalid_bits;  // OR over ranks
+  std::vector<Response> responses;     // new (uncached) responses, in execution order
+  bool shutdown = false;
+};
+
+std::string Encode(const RequestList& list);
+std::string Encode(const ResponseList& list);
+Status Decode(const std::string& bytes, RequestList* list);
+Status Decode(const std::string& bytes, ResponseList* list);
+
+}  // namespace hvd

@@ -1,0 +1,1 @@
+"""Compatibility namespace: ``import horovod.torch as hvd`` gives horovod_torch."""

@@ -1,0 +1,28 @@
+"""horovod_torch: distributed data-parallel training for PyTorch with Horovod's API.
+
+Scripts written for Horovod run unchanged: ``import horovod.torch as hvd`` resolves
+to this package.
+"""
+import torch  # noqa: F401  (loads libtorch before the extension)
+
+from horovod_torch.basics import (Adasum, Average, Max, Min, Product, Sum, ccl_built,
+                                  cross_rank, cross_size, cuda_built, ddl_built,
+                                  gloo_built, gloo_enabled, init, is_homogeneous,
+                                  is_initialized, local_rank, local_size, mpi_built,
+                                  mpi_enabled, mpi_threads_supported, nccl_built, rank,
+                                  rocm_built, shutdown, size)
+from horovod_torch.compression import Compression
+from horovod_torch.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from horovod_torch.functions import (allgather_object, broadcast_object,
+                                     broadcast_optimizer_state, broadcast_parameters)
+from horovod_torch.ops import (ProcessSet, allgather, allgather_async, allreduce,
+                               allreduce_, allreduce_async, allreduce_async_, alltoall,
+                               alltoall_async, barrier, broadcast, broadcast_,
+                               broadcast_async, broadcast_async_, global_process_set,
+                               grouped_allgather, grouped_allgather_async,
+                               grouped_allreduce, grouped_allreduce_,
+                               grouped_allreduce_async, grouped_allreduce_async_,
+                               grouped_reducescatter, grouped_reducescatter_async, poll,
+                               reducescatter, reducescatter_async, synchronize)
+
+__version__ = "0.1.0"

@@ -1,0 +1,184 @@
+"""init / shutdown / topology queries, and the bridge to the C++ core's status codes."""
+import atexit
+import os
+import threading
+from typing import Optional, Tuple
+
+from horovod_torch import _C
+from horovod_torch.exceptions import HorovodInternalError
+
+# Reduction ops (Horovod's numbering).
+Average = 0
+Sum = 1
+Adasum = 2
+Min = 3
+Max = 4
+Product = 5
+
+_OK, _INVALID, _MISMATCH, _ABORTED = 0, 1, 2, 3
+
+_lock = threading.Lock()
+_init_count = 0
+_atexit_registered = False
+
+
+def raise_for_status(code: int, message: str) -> None:
+    """Turns a C++ Status into the Python exception users expect."""
+    if code == _OK:
+        return
+    if code == _INVALID:
+        raise ValueError(message)
+    if code == _MISMATCH:
+        raise RuntimeError(message)
+    raise HorovodInternalError(message)
+
+
+def _env_int(*names: str, default: Optional[int] = None) -> Optional[int]:
+    for n in names:
+        v = os.environ.get(n)
+        if v not in (None, ""):
+            try:
+                return int(v)
+            except ValueError:
+                raise ValueError(f"environment variable {n}={v!r} is not an integer") from None
+    return default
+
+
+def _detect_world() -> dict:
+    """Rank, size and rendezvous as set by horovodrun; a world of one otherwise."""
+    rank = _env_int("HOROVOD_RANK")
+    size = _env_int("HOROVOD_SIZE")
+    if rank is None or size is None:
+        return dict(rank=0, size=1, local_rank=0, local_size=1, cross_rank=0, cross_size=1,
+                    store_host="", store_port=0, secret="")
+    if not 0 <= rank < size:
+        raise ValueError(f"HOROVOD_RANK={rank} is out of range for HOROVOD_SIZE={size}")
+    world = dict(
+        rank=rank, size=size,
+        local_rank=_env_int("HOROVOD_LOCAL_RANK", default=rank),
+        local_size=_env_int("HOROVOD_LOCAL_SIZE", default=size),
+        cross_rank=_env_int("HOROVOD_CROSS_RANK", default=0),
+        cross_size=_env_int("HOROVOD_CROSS_SIZE", default=1),
+        store_host=os.environ.get("HOROVOD_STORE_ADDR", ""),
+        store_port=_env_int("HOROVOD_STORE_PORT", default=0),
+        secret=os.environ.get("HOROVOD_SECRET", ""),
+    )
+    if size > 1 and not world["store_host"]:
+        raise ValueError("HOROVOD_SIZE > 1 but HOROVOD_STORE_ADDR is not set; "
+                         "start the job with horovodrun")
+    return world
+
+
+def init(comm=None, process_sets=None) -> None:
+    """Initialises horovod_torch: joins the job started by horovodrun.
+
+    Without a launcher the process runs as a world of one. Calling init() again
+    after shutdown() starts a fresh engine.
+    """
+    global _init_count, _atexit_registered
+    if comm is not None or process_sets is not None:
+        raise ValueError("init(comm=..., process_sets=...) is not supported by this build yet; "
+                         "call hvd.init() without arguments")
+    with _lock:
+        if _C.world() is not None:
+            return
+        world = _detect_world()
+        prefix = os.environ.get("HOROVOD_RENDEZVOUS_PREFIX", "job") + f"/init{_init_count}"
+        _init_count += 1
+        code, message = _C.init(world["rank"], world["size"], world["local_rank"],
+                                world["local_size"], world["cross_rank"], world["cross_size"],
+                                world["store_host"], world["store_port"], world["secret"], prefix)
+        if not _atexit_registered:
+            atexit.register(shutdown)
+            _atexit_registered = True
+    raise_for_status(code, message)
+
+
+def shutdown() -> None:
+    """Stops the engine; pending ops fail. Safe to call more than once."""
+    _C.shutdown()
+
+
+def is_initialized() -> bool:
+    return _C.world() is not None
+
+
+def _world() -> Tuple[int, ...]:
+    w = _C.world()
+    if w is None:
+        raise ValueError("Horovod has not been initialized; use hvd.init().")
+    return w
+
+
+def rank() -> int:
+    """This process's rank in [0, size())."""
+    return _world()[0]
+
+
+def size() -> int:
+    """Number of processes in the job."""
+    return _world()[1]
+
+
+def local_rank() -> int:
+    """Rank among the processes on this host (use it to pick a GPU)."""
+    return _world()[2]
+
+
+def local_size() -> int:
+    return _world()[3]
+
+
+def cross_rank() -> int:
+    """Index of this host among the hosts that have a process with our local_rank."""
+    return _world()[4]
+
+
+def cross_size() -> int:
+    return _world()[5]
+
+
+def is_homogeneous() -> bool:
+    return size() % local_size() == 0
+
+
+def nccl_built() -> int:
+    """NCCL version code the core was built with, or 0."""
+    return _C.nccl_built()
+
+
+def cuda_built() -> bool:
+    return _C.cuda_built()
+
+
+def rocm_built() -> bool:
+    return False
+
+
+def mpi_built() -> bool:
+    return _C.mpi_built()
+
+
+def mpi_enabled() -> bool:
+    return False
+
+
+def mpi_threads_supported() -> bool:
+    return False
+
+
+def gloo_built() -> bool:
+    """Our TCP transport answers for Gloo: it is always built."""
+    return True
+
+
+def gloo_enabled() -> bool:
+    return is_initialized()
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False

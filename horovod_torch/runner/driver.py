@@ -1,0 +1,271 @@
+"""Spawning, output forwarding and supervision of ``horovodrun`` workers.
+
+Every worker runs in its own session (hence its own process group), so a
+signal sent with ``os.killpg`` reaches the worker and anything it started.
+Process creation goes through a :class:`Spawner`; :class:`LocalSpawner`
+runs the command directly, and an ssh spawner for remote hosts can be added
+later without touching the supervision logic.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import (IO, Callable, Dict, Iterator, List, Mapping, Optional,
+                    Protocol, Sequence)
+
+from horovod_torch.runner.hosts import SlotInfo
+
+GRACE_PERIOD_S = 5.0
+"""Time between forwarding SIGTERM/SIGINT and escalating to SIGKILL."""
+
+POLL_INTERVAL_S = 0.05
+READER_JOIN_TIMEOUT_S = 2.0
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def signal_name(signum: int) -> str:
+    """Return ``"SIGTERM"`` style name for ``signum``."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def exit_code(returncode: int) -> int:
+    """Map a ``Popen.returncode`` to a shell-style exit code (128+signum)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def log(message: str) -> None:
+    """Print a one-line ``horovodrun:`` message to stderr."""
+    sys.stdout.flush()
+    sys.stderr.write(f"horovodrun: {message}\n")
+    sys.stderr.flush()
+
+
+class Spawner(Protocol):
+    """Strategy that starts one worker process (local now, ssh later)."""
+
+    def spawn(self, slot: SlotInfo, command: Sequence[str],
+              env: Mapping[str, str]) -> "subprocess.Popen[bytes]":
+        """Start ``command`` for ``slot``; output must go to ``stdout``."""
+
+
+class LocalSpawner:
+    """Run workers on this machine, each in a new session."""
+
+    def spawn(self, slot: SlotInfo, command: Sequence[str],
+              env: Mapping[str, str]) -> "subprocess.Popen[bytes]":
+        """Start ``command``; only rank 0 inherits stdin (like mpirun)."""
+        return subprocess.Popen(
+            list(command), env=dict(env),
+            stdin=None if slot.rank == 0 else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True)
+
+
+class OutputForwarder:
+    """Copy worker output line by line to one stream, optionally prefixed."""
+
+    def __init__(self, stream: IO[bytes], prefix: bool = True) -> None:
+        self._stream = stream
+        self._prefix = prefix
+        self._lock = threading.Lock()
+        self._broken = False
+
+    def pump(self, rank: int, pipe: IO[bytes]) -> None:
+        """Thread body: forward ``pipe`` until EOF, then close it."""
+        prefix = f"[{rank}]<stdout>:".encode() if self._prefix else b""
+        with pipe:
+            for line in iter(pipe.readline, b""):
+                if self._prefix and not line.endswith(b"\n"):
+                    line += b"\n"
+                self._write(prefix + line)
+
+    def _write(self, data: bytes) -> None:
+        with self._lock:
+            if self._broken:  # keep draining so workers never block
+                return
+            try:
+                self._stream.write(data)
+                self._stream.flush()
+            except (OSError, ValueError):
+                self._broken = True
+
+
+@dataclass
+class Worker:
+    """A started worker: its placement, process and output thread."""
+
+    slot: SlotInfo
+    proc: "subprocess.Popen[bytes]"
+    reader: threading.Thread
+
+    @property
+    def rank(self) -> int:
+        """The worker's global rank."""
+        return self.slot.rank
+
+    def alive(self) -> bool:
+        """Return True while the worker's main process has not exited."""
+        return self.proc.poll() is None
+
+    def signal_group(self, signum: int) -> None:
+        """Send ``signum`` to the worker's whole process group."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signum)
+
+
+class Supervisor:
+    """Start all workers, forward signals and tear the job down on failure.
+
+    ``run`` returns the exit code for ``horovodrun``: 0 when every worker
+    succeeded, the first failing worker's code (128+signum when it was
+    killed by a signal), or 128+signum when horovodrun itself got a signal.
+    """
+
+    def __init__(self, jobs: Sequence[SlotInfo],
+                 env_for: Callable[[SlotInfo], Dict[str, str]],
+                 command: Sequence[str], spawner: Spawner,
+                 forwarder: OutputForwarder,
+                 grace_s: float = GRACE_PERIOD_S) -> None:
+        self._jobs = list(jobs)
+        self._env_for = env_for
+        self._command = list(command)
+        self._spawner = spawner
+        self._forwarder = forwarder
+        self._grace_s = grace_s
+        self._workers: List[Worker] = []
+        self._signals: List[int] = []
+
+    def run(self) -> int:
+        """Run the job to completion and return horovodrun's exit code."""
+        atexit.register(self._kill_all)  # last resort if we crash
+        with self._forwarding_signals():
+            try:
+                code = self._spawn_all()
+                return code if code is not None else self._supervise()
+            finally:
+                self._kill_all()
+                for worker in self._workers:
+                    worker.reader.join(READER_JOIN_TIMEOUT_S)
+                atexit.unregister(self._kill_all)
+
+    # -- signals ---------------------------------------------------------
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self._signals.append(signum)
+
+    @contextlib.contextmanager
+    def _forwarding_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {s: signal.signal(s, self._on_signal)
+                    for s in FORWARDED_SIGNALS}
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    # -- lifecycle -------------------------------------------------------
+
+    def _spawn_all(self) -> Optional[int]:
+        """Start every worker; return an exit code if that failed."""
+        for slot in self._jobs:
+            if self._signals:
+                return None  # _supervise handles the signal
+            try:
+                proc = self._spawner.spawn(slot, self._command,
+                                           self._env_for(slot))
+            except OSError as exc:
+                log(f"failed to start rank {slot.rank}: {exc}")
+                self._terminate(self._alive_workers(), signal.SIGTERM)
+                return 127 if isinstance(exc, FileNotFoundError) else 126
+            assert proc.stdout is not None
+            reader = threading.Thread(
+                target=self._forwarder.pump, args=(slot.rank, proc.stdout),
+                name=f"horovodrun-output-{slot.rank}", daemon=True)
+            reader.start()
+            self._workers.append(Worker(slot, proc, reader))
+        return None
+
+    def _supervise(self) -> int:
+        finished = set()
+        while True:
+            if self._signals:
+                return self._shutdown_on_signal(self._signals[0])
+            for worker in self._workers:
+                if worker.rank in finished:
+                    continue
+                returncode = worker.proc.poll()
+                if returncode is None:
+                    continue
+                finished.add(worker.rank)
+                if returncode != 0:
+                    return self._shutdown_on_failure(worker, returncode)
+            if len(finished) == len(self._workers):
+                return 0
+            time.sleep(POLL_INTERVAL_S)
+
+    def _shutdown_on_failure(self, failed: Worker, returncode: int) -> int:
+        code = exit_code(returncode)
+        # Let the failed worker's last lines reach stdout before our message.
+        failed.reader.join(READER_JOIN_TIMEOUT_S)
+        others = [w for w in self._alive_workers() if w is not failed]
+        message = f"rank {failed.rank} exited with code {code}"
+        if returncode < 0:
+            message += f" (signal {signal_name(-returncode)})"
+        if others:
+            plural = "s" if len(others) != 1 else ""
+            message += f"; terminating the other {len(others)} worker{plural}"
+        log(message)
+        self._terminate(others, signal.SIGTERM)
+        return code
+
+    def _shutdown_on_signal(self, signum: int) -> int:
+        alive = self._alive_workers()
+        log(f"received {signal_name(signum)}; forwarding it to "
+            f"{len(alive)} running worker(s)")
+        self._terminate(alive, signum)
+        return 128 + signum
+
+    def _terminate(self, workers: Sequence[Worker], signum: int) -> None:
+        """Signal ``workers``' groups, then SIGKILL what outlives the grace.
+
+        A further signal to horovodrun during the grace period escalates
+        to SIGKILL immediately.
+        """
+        seen_signals = len(self._signals)
+        for worker in workers:
+            worker.signal_group(signum)
+        deadline = time.monotonic() + self._grace_s
+        while any(w.alive() for w in workers):
+            if (time.monotonic() >= deadline
+                    or len(self._signals) > seen_signals):
+                break
+            time.sleep(POLL_INTERVAL_S)
+        for worker in workers:
+            if worker.alive():
+                worker.signal_group(signal.SIGKILL)
+        for worker in workers:
+            worker.proc.wait()
+
+    def _alive_workers(self) -> List[Worker]:
+        return [w for w in self._workers if w.alive()]
+
+    def _kill_all(self) -> None:
+        """SIGKILL every worker group (also strays of finished workers)."""
+        for worker in self._workers:
+            worker.signal_group(signal.SIGKILL)
+        for worker in self._workers:
+            with contextlib.suppress(Exception):
+                worker.proc.wait(timeout=READER_JOIN_TIMEOUT_S)

@@ -1,0 +1,172 @@
+"""Host list parsing, locality checks and rank assignment for ``horovodrun``.
+
+Rank assignment follows Horovod's static-mode semantics: hosts are filled
+in the order given, each host taking as many ranks as it has slots until
+``num_proc`` ranks are placed.  For every rank:
+
+* ``local_rank`` is its index among the ranks on its host and
+  ``local_size`` the number of ranks on that host;
+* ``cross_rank`` is the index of its host among the hosts that have a rank
+  with the same ``local_rank`` and ``cross_size`` the number of such hosts.
+"""
+from __future__ import annotations
+
+import ipaddress
+import socket
+from dataclasses import dataclass
+from typing import Dict, List, Sequence, Tuple
+
+_LOCAL_NAMES = frozenset(
+    {"localhost", "localhost.localdomain", "ip6-localhost"})
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    """One ``-H`` entry: a host name and the number of slots it offers."""
+
+    hostname: str
+    slots: int
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    """Placement of one rank (the same fields Horovod hands its workers)."""
+
+    hostname: str
+    rank: int
+    local_rank: int
+    cross_rank: int
+    size: int
+    local_size: int
+    cross_size: int
+
+    def to_env(self) -> Dict[str, str]:
+        """Return the ``HOROVOD_*`` topology variables for this rank."""
+        return {
+            "HOROVOD_HOSTNAME": self.hostname,
+            "HOROVOD_RANK": str(self.rank),
+            "HOROVOD_SIZE": str(self.size),
+            "HOROVOD_LOCAL_RANK": str(self.local_rank),
+            "HOROVOD_LOCAL_SIZE": str(self.local_size),
+            "HOROVOD_CROSS_RANK": str(self.cross_rank),
+            "HOROVOD_CROSS_SIZE": str(self.cross_size),
+        }
+
+
+def _parse_slots(text: str, item: str) -> int:
+    """Parse the slot count of host entry ``item``; it must be >= 1."""
+    try:
+        slots = int(text)
+    except ValueError:
+        raise ValueError(
+            f"invalid slot count in host entry {item!r}") from None
+    if slots < 1:
+        raise ValueError(f"slot count must be >= 1 in host entry {item!r}")
+    return slots
+
+
+def _parse_entry(item: str) -> HostInfo:
+    """Parse ``host``, ``host:slots``, ``[v6addr]`` or ``[v6addr]:slots``."""
+    if item.startswith("["):
+        host, sep, rest = item[1:].partition("]")
+        if not sep or not host:
+            raise ValueError(f"malformed host entry {item!r}")
+        if not rest:
+            return HostInfo(host, 1)
+        if not rest.startswith(":"):
+            raise ValueError(f"malformed host entry {item!r}")
+        return HostInfo(host, _parse_slots(rest[1:], item))
+    if item.count(":") > 1:  # bare IPv6 address, no slot count
+        return HostInfo(item, 1)
+    host, sep, slots_text = item.partition(":")
+    if not host:
+        raise ValueError(f"missing host name in host entry {item!r}")
+    return HostInfo(host, _parse_slots(slots_text, item) if sep else 1)
+
+
+def parse_hosts(spec: str) -> List[HostInfo]:
+    """Parse a ``-H`` value such as ``"localhost:2,node1:4"``.
+
+    A host without ``:slots`` has one slot.  Raises ``ValueError`` with a
+    one-line message on malformed input or a repeated host name.
+    """
+    hosts: List[HostInfo] = []
+    seen = set()
+    for raw in spec.split(","):
+        item = raw.strip()
+        if not item:
+            raise ValueError(f"empty entry in host list {spec!r}")
+        host = _parse_entry(item)
+        key = host.hostname.lower()
+        if key in seen:
+            raise ValueError(f"host {host.hostname!r} listed more than once")
+        seen.add(key)
+        hosts.append(host)
+    return hosts
+
+
+def is_local_host(hostname: str) -> bool:
+    """Return True if ``hostname`` names this machine.
+
+    Accepted: ``localhost``, any loopback address (``127.x.y.z``, ``::1``),
+    ``socket.gethostname()`` and its fully qualified name.
+    """
+    name = hostname.strip().lower()
+    if name in _LOCAL_NAMES:
+        return True
+    try:
+        if ipaddress.ip_address(name).is_loopback:
+            return True
+    except ValueError:
+        pass
+    own = socket.gethostname().lower()
+    if name == own or name == own.split(".")[0]:
+        return True
+    # getfqdn() may consult DNS, so it is only tried as a last resort.
+    return name == socket.getfqdn().lower()
+
+
+def total_slots(hosts: Sequence[HostInfo]) -> int:
+    """Return the number of slots offered by ``hosts``."""
+    return sum(host.slots for host in hosts)
+
+
+def assign_ranks(hosts: Sequence[HostInfo], num_proc: int) -> List[SlotInfo]:
+    """Place ``num_proc`` ranks on ``hosts`` in order (Horovod semantics).
+
+    Raises ``ValueError`` if ``num_proc`` < 1 or the hosts offer fewer than
+    ``num_proc`` slots.
+    """
+    if num_proc < 1:
+        raise ValueError(f"-np must be >= 1, got {num_proc}")
+    available = total_slots(hosts)
+    if available < num_proc:
+        names = ",".join(f"{h.hostname}:{h.slots}" for h in hosts)
+        raise ValueError(
+            f"-np {num_proc} exceeds the {available} slot(s) available on "
+            f"hosts {names}")
+
+    used: List[Tuple[str, int]] = []  # (hostname, ranks placed there)
+    remaining = num_proc
+    for host in hosts:
+        if remaining == 0:
+            break
+        count = min(host.slots, remaining)
+        used.append((host.hostname, count))
+        remaining -= count
+
+    slots: List[SlotInfo] = []
+    for host_index, (hostname, local_size) in enumerate(used):
+        for local_rank in range(local_size):
+            cross_rank = sum(1 for _, n in used[:host_index] if n > local_rank)
+            cross_size = sum(1 for _, n in used if n > local_rank)
+            slots.append(SlotInfo(
+                hostname=hostname,
+                rank=len(slots),
+                local_rank=local_rank,
+                cross_rank=cross_rank,
+                size=num_proc,
+                local_size=local_size,
+                cross_size=cross_size,
+            ))
+    return slots

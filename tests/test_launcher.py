@@ -1,0 +1,396 @@
+"""Tests of the ``horovodrun`` launcher (``python -m horovod_torch.runner``).
+
+The end-to-end tests run the real launcher, including the C++ rendezvous
+store (``horovod_torch._C.StoreServer``); the workers are plain
+``python -c`` scripts, so no collective operations are involved.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+from horovod_torch.runner import hosts
+
+PY = sys.executable
+TIMEOUT = 120  # every launcher run; importing _C loads torch
+LINE = re.compile(r"^\[(\d+)\]<stdout>:(.*)$")
+
+
+def _package_root() -> str:
+    """Directory holding the horovod_torch package this test imports."""
+    spec = importlib.util.find_spec("horovod_torch")
+    if spec is not None and spec.submodule_search_locations:
+        return str(Path(list(spec.submodule_search_locations)[0]).parent)
+    return str(Path(__file__).resolve().parents[1])
+
+
+def _env(**extra: str) -> Dict[str, str]:
+    env = dict(os.environ)
+    env.pop("HOROVOD_START_TIMEOUT", None)
+    env.pop("HOROVOD_LOG_LEVEL", None)
+    path = [_package_root()] + [p for p in [env.get("PYTHONPATH")] if p]
+    env["PYTHONPATH"] = os.pathsep.join(path)
+    env.update(extra)
+    return env
+
+
+def _launcher(*args: str) -> List[str]:
+    return [PY, "-m", "horovod_torch.runner", *args]
+
+
+def _run(*args: str, env: Dict[str, str] | None = None,
+         timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
+    return subprocess.run(_launcher(*args), capture_output=True, text=True,
+                          env=env or _env(), timeout=timeout)
+
+
+def _worker(script: str) -> List[str]:
+    return [PY, "-c", textwrap.dedent(script)]
+
+
+def _alive(pid: int) -> bool:
+    """True if ``pid`` exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _assert_gone(pids: List[int], within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    survivors = [p for p in pids if _alive(p)]
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)
+    assert not survivors, f"processes outlived the launcher: {survivors}"
+
+
+def _prefixed(stdout: str) -> Dict[int, List[str]]:
+    """Group prefixed output lines by rank; every line must be prefixed."""
+    by_rank: Dict[int, List[str]] = {}
+    for line in stdout.splitlines():
+        match = LINE.match(line)
+        assert match, f"unprefixed or interleaved line: {line!r}"
+        by_rank.setdefault(int(match.group(1)), []).append(match.group(2))
+    return by_rank
+
+
+# Worker that records "<pid> <grandchild pid>" in $PID_DIR/<rank> and sleeps.
+SLEEPER = """
+    import os, signal, subprocess, sys, time
+    if os.environ.get("IGNORE_TERM"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import time; time.sleep(60)"])
+    path = os.path.join(os.environ["PID_DIR"], os.environ["HOROVOD_RANK"])
+    with open(path + ".tmp", "w") as f:
+        f.write(f"{os.getpid()} {child.pid}")
+    os.rename(path + ".tmp", path)
+    time.sleep(60)
+"""
+
+
+def _read_pids(pid_dir: Path, ranks: List[int]) -> List[int]:
+    pids: List[int] = []
+    for rank in ranks:
+        pids += [int(p) for p in (pid_dir / str(rank)).read_text().split()]
+    return pids
+
+
+def _wait_for_files(pid_dir: Path, ranks: List[int],
+                    proc: subprocess.Popen, within: float = 90.0) -> None:
+    deadline = time.monotonic() + within
+    while not all((pid_dir / str(r)).exists() for r in ranks):
+        assert proc.poll() is None, "launcher exited before workers started"
+        assert time.monotonic() < deadline, "workers did not start"
+        time.sleep(0.05)
+
+
+# -- pure rank assignment -----------------------------------------------------
+
+def test_parse_hosts() -> None:
+    parsed = hosts.parse_hosts("localhost:2, node1 ,[::1]:3")
+    assert parsed == [hosts.HostInfo("localhost", 2),
+                      hosts.HostInfo("node1", 1), hosts.HostInfo("::1", 3)]
+    for bad in ("a:0", "a:x", "a:2,,b", ":3", "a:1,a:2"):
+        with pytest.raises(ValueError):
+            hosts.parse_hosts(bad)
+
+
+def test_assign_ranks_horovod_semantics() -> None:
+    spec = hosts.parse_hosts("a:2,b:3,c:4")
+    got = [(s.hostname, s.rank, s.local_rank, s.local_size, s.cross_rank,
+            s.cross_size) for s in hosts.assign_ranks(spec, 6)]
+    assert got == [
+        ("a", 0, 0, 2, 0, 3), ("a", 1, 1, 2, 0, 2),
+        ("b", 2, 0, 3, 1, 3), ("b", 3, 1, 3, 1, 2), ("b", 4, 2, 3, 0, 1),
+        ("c", 5, 0, 1, 2, 3),
+    ]
+    with pytest.raises(ValueError):
+        hosts.assign_ranks(spec, 10)
+    with pytest.raises(ValueError):
+        hosts.assign_ranks(spec, 0)
+
+
+def test_is_local_host() -> None:
+    import socket
+    for name in ("localhost", "127.0.0.1", "127.1.2.3", "::1",
+                 socket.gethostname()):
+        assert hosts.is_local_host(name), name
+    assert not hosts.is_local_host("remote-host.invalid")
+
+
+# -- command line -------------------------------------------------------------
+
+def test_help_is_fast_and_does_not_load_the_extension() -> None:
+    start = time.monotonic()
+    result = _run("--help", timeout=60)
+    assert result.returncode == 0
+    assert "usage: horovodrun" in result.stdout and "-np" in result.stdout
+    assert time.monotonic() - start < 20
+    probe = textwrap.dedent("""
+        import sys
+        import horovod_torch
+        before = set(sys.modules)
+        from horovod_torch.runner import launch
+        try:
+            launch.main(["--help"])
+        except SystemExit:
+            pass
+        new = set(sys.modules) - before
+        print(sorted(m for m in new if m == "torch" or m.endswith("._C")))
+    """)
+    out = subprocess.run([PY, "-c", probe], capture_output=True, text=True,
+                         env=_env(), timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--bogus", "-np", "2", "true"], "--bogus"),
+    (["-np", "0", "true"], "-np"),
+    (["-np", "-1", "true"], "-np"),
+    (["-np", "two", "true"], "invalid int value"),
+    (["-np", "2"], "no command"),
+    (["true"], "-np/--num-proc is required"),
+    (["-np", "2", "-H", "localhost:0", "true"], "slot count"),
+    (["-np", "1", "--log-level", "LOUD", "true"], "--log-level"),
+    (["-np", "1", "--start-timeout", "0", "true"], "timeout"),
+    (["-np", "3", "-H", "localhost:2", "true"], "exceeds the 2 slot"),
+    (["-np", "1", "-H", "remote-host.invalid:1", "true"],
+     "remote hosts need ssh, not supported yet"),
+])
+def test_usage_errors_are_one_line(args: List[str], needle: str) -> None:
+    result = _run(*args, timeout=60)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("horovodrun: error: ")
+    assert needle in lines[0] and "--help" in lines[0]
+    assert "usage:" not in result.stderr
+
+
+def test_command_not_found() -> None:
+    result = _run("-np", "2", "no-such-command-4f2a", "--flag", timeout=60)
+    assert result.returncode == 127
+    assert result.stdout == ""
+    assert result.stderr == (
+        "horovodrun: command not found: no-such-command-4f2a\n")
+
+
+def test_check_build() -> None:
+    result = _run("--check-build")
+    assert result.returncode == 0, result.stderr
+    for needle in ("[X] PyTorch", "[X] TCP (Gloo-compatible)", "] MPI",
+                   "] NCCL", "Available Tensor Operations:"):
+        assert needle in result.stdout
+
+
+# -- topology and environment -------------------------------------------------
+
+ENV_DUMP = """
+    import json, os
+    print(json.dumps({k: v for k, v in os.environ.items()
+                      if k.startswith("HOROVOD_") or k == "PYTHONUNBUFFERED"}))
+"""
+
+
+def _env_by_rank(stdout: str) -> Dict[int, Dict[str, str]]:
+    return {rank: json.loads(lines[-1])
+            for rank, lines in _prefixed(stdout).items()}
+
+
+def test_rank_assignment_and_env() -> None:
+    result = _run("-np", "3", "-H", "localhost:2,127.0.0.1:2", "--verbose",
+                  *_worker(ENV_DUMP))
+    assert result.returncode == 0, result.stderr
+    envs = _env_by_rank(result.stdout)
+    assert sorted(envs) == [0, 1, 2]
+    expected = {  # hostname, local_rank, local_size, cross_rank, cross_size
+        0: ("localhost", 0, 2, 0, 2),
+        1: ("localhost", 1, 2, 0, 1),
+        2: ("127.0.0.1", 0, 1, 1, 2),
+    }
+    for rank, env in envs.items():
+        got = (env["HOROVOD_HOSTNAME"], int(env["HOROVOD_LOCAL_RANK"]),
+               int(env["HOROVOD_LOCAL_SIZE"]), int(env["HOROVOD_CROSS_RANK"]),
+               int(env["HOROVOD_CROSS_SIZE"]))
+        assert got == expected[rank]
+        assert env["HOROVOD_RANK"] == str(rank)
+        assert env["HOROVOD_SIZE"] == "3"
+        assert env["HOROVOD_STORE_ADDR"] == "127.0.0.1"
+        assert env["HOROVOD_CONTROLLER"] == "tcp"
+        assert env["HOROVOD_START_TIMEOUT"] == "30"
+        assert env["PYTHONUNBUFFERED"] == "1"
+        assert "HOROVOD_LOG_LEVEL" not in env
+        assert re.fullmatch(r"[0-9a-f]{32}", env["HOROVOD_SECRET"])
+        assert 0 < int(env["HOROVOD_STORE_PORT"]) < 65536
+    assert len({e["HOROVOD_SECRET"] for e in envs.values()}) == 1
+    ports = {e["HOROVOD_STORE_PORT"] for e in envs.values()}
+    assert len(ports) == 1
+    assert f"127.0.0.1:{ports.pop()}" in result.stderr  # --verbose
+    assert "cross_size=2" in result.stderr
+
+
+def test_default_hosts_timeout_and_log_level() -> None:
+    result = _run("-np", "2", "--start-timeout", "7", "--log-level", "debug",
+                  *_worker(ENV_DUMP))
+    assert result.returncode == 0, result.stderr
+    for env in _env_by_rank(result.stdout).values():
+        assert env["HOROVOD_HOSTNAME"] == "localhost"
+        assert env["HOROVOD_LOCAL_SIZE"] == "2"
+        assert env["HOROVOD_CROSS_SIZE"] == "1"
+        assert env["HOROVOD_START_TIMEOUT"] == "7"
+        assert env["HOROVOD_LOG_LEVEL"] == "DEBUG"
+    result = _run("-np", "1", *_worker(ENV_DUMP),
+                  env=_env(HOROVOD_START_TIMEOUT="11"))
+    assert result.returncode == 0, result.stderr
+    assert _env_by_rank(result.stdout)[0]["HOROVOD_START_TIMEOUT"] == "11"
+
+
+# -- output -------------------------------------------------------------------
+
+CHATTY = """
+    import os, sys
+    rank = os.environ["HOROVOD_RANK"]
+    for i in range(300):
+        print(f"line {i} of rank {rank}")
+    sys.stdout.write(f"no newline from {rank}")
+"""
+
+
+def test_output_is_prefixed_per_line() -> None:
+    result = _run("-np", "2", *_worker(CHATTY))
+    assert result.returncode == 0, result.stderr
+    by_rank = _prefixed(result.stdout)
+    for rank in (0, 1):
+        assert by_rank[rank] == [f"line {i} of rank {rank}"
+                                 for i in range(300)] + [
+                                     f"no newline from {rank}"]
+
+
+def test_disable_prefix() -> None:
+    result = _run("-np", "2", "--disable-prefix", *_worker(
+        "import os; print('plain', os.environ['HOROVOD_RANK'])"))
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == ["plain 0", "plain 1"]
+
+
+# -- failures and signals -----------------------------------------------------
+
+def test_failure_exit_code_and_others_killed(tmp_path: Path) -> None:
+    script = """
+        import os, sys, time
+        if os.environ["HOROVOD_RANK"] == "1":
+            d = os.environ["PID_DIR"]
+            deadline = time.time() + 60
+            while not all(os.path.exists(os.path.join(d, r)) for r in "02"):
+                if time.time() > deadline:
+                    sys.exit(99)
+                time.sleep(0.05)
+            print("rank 1 failing")
+            sys.exit(3)
+    """
+    script = textwrap.dedent(script) + textwrap.dedent(SLEEPER)
+    start = time.monotonic()
+    result = _run("-np", "3", *_worker(script),
+                  env=_env(PID_DIR=str(tmp_path)))
+    assert result.returncode == 3, result.stderr
+    assert time.monotonic() - start < 60
+    assert "[1]<stdout>:rank 1 failing" in result.stdout
+    assert ("horovodrun: rank 1 exited with code 3; terminating the other "
+            "2 workers") in result.stderr
+    _assert_gone(_read_pids(tmp_path, [0, 2]))
+
+
+def test_worker_killed_by_signal(tmp_path: Path) -> None:
+    script = """
+        import os, signal, time
+        if os.environ["HOROVOD_RANK"] == "1":
+            while not os.path.exists(os.path.join(os.environ["PID_DIR"], "0")):
+                time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGKILL)
+    """
+    script = textwrap.dedent(script) + textwrap.dedent(SLEEPER)
+    result = _run("-np", "2", *_worker(script),
+                  env=_env(PID_DIR=str(tmp_path)))
+    assert result.returncode == 128 + signal.SIGKILL, result.stderr
+    assert "rank 1 exited with code 137 (signal SIGKILL)" in result.stderr
+    _assert_gone(_read_pids(tmp_path, [0]))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_is_forwarded(tmp_path: Path, signum: int) -> None:
+    proc = subprocess.Popen(
+        _launcher("-np", "2", *_worker(SLEEPER)), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env=_env(PID_DIR=str(tmp_path)))
+    try:
+        _wait_for_files(tmp_path, [0, 1], proc)
+        proc.send_signal(signum)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert proc.returncode == 128 + signum, stderr
+    _assert_gone(_read_pids(tmp_path, [0, 1]))
+
+
+def test_sigkill_after_grace_period(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        _launcher("-np", "2", *_worker(SLEEPER)), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+        env=_env(PID_DIR=str(tmp_path), IGNORE_TERM="1"))
+    try:
+        _wait_for_files(tmp_path, [0, 1], proc)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+        elapsed = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert proc.returncode == 143, stderr
+    assert 4.0 <= elapsed < 30, elapsed
+    _assert_gone(_read_pids(tmp_path, [0, 1]))
