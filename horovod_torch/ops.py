@@ -245,7 +245,7 @@ class HorovodAllgather(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, name):
-        ctx.dim = tensor.shape[0]
+        ctx.dim = tensor.shape[0] if tensor.dim() > 0 else 0
         return synchronize(allgather_async(tensor, name))
 
     @staticmethod

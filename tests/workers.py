@@ -125,3 +125,197 @@ def all_collectives(seed: str = "0") -> None:
     hvd.barrier()
     hvd.shutdown()
     print(f"rank {r}: all collectives ok", flush=True)
+
+
+def expect_raises(exc_type, fn, *must_contain):
+    try:
+        fn()
+    except exc_type as e:
+        msg = str(e)
+        for s in must_contain:
+            assert s in msg, f"message {msg!r} lacks {s!r}"
+        return msg
+    except Exception as e:  # wrong type
+        raise AssertionError(f"expected {exc_type.__name__}, got {type(e).__name__}: {e}")
+    raise AssertionError(f"expected {exc_type.__name__}, nothing was raised")
+
+
+def mismatches() -> None:
+    """Cross-rank disagreements give every rank a RuntimeError naming the tensor, the
+    ranks and their values; the engine keeps working afterwards."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    expect_raises(RuntimeError, lambda: hvd.allreduce(torch.ones(2 + r), name="shape_x"),
+                  "shape_x", "rank 0 has [2]", "rank 1 has [3]")
+    dt = torch.float32 if r == 0 else torch.float64
+    expect_raises(RuntimeError, lambda: hvd.allreduce(torch.ones(3, dtype=dt), name="dtype_x"),
+                  "dtype_x", "float32", "float64")
+    op = hvd.Sum if r == 0 else hvd.Max
+    expect_raises(RuntimeError, lambda: hvd.allreduce(torch.ones(3), name="op_x", op=op),
+                  "op_x", "Sum", "Max")
+    expect_raises(RuntimeError, lambda: hvd.broadcast(torch.ones(3), r % 2, name="root_x"),
+                  "root_x", "rank 0 has 0", "rank 1 has 1")
+    expect_raises(RuntimeError,
+                  lambda: hvd.allreduce(torch.ones(3), name="scale_x", prescale_factor=1.0 + r),
+                  "scale_x", "prescale")
+    expect_raises(RuntimeError,
+                  lambda: hvd.allgather(torch.ones(2, 1 + r), name="ag_x"),
+                  "ag_x", "all but the first dimension")
+    if r == 0:
+        f = lambda: hvd.allreduce(torch.ones(3), name="kind_x")
+    else:
+        f = lambda: hvd.allgather(torch.ones(3), name="kind_x")
+    expect_raises(RuntimeError, f, "kind_x", "allreduce", "allgather")
+    # A name that was cached, then resubmitted with a different shape on one rank.
+    for _ in range(3):
+        hvd.allreduce(torch.ones(4), name="cached_x")
+    expect_raises(RuntimeError,
+                  lambda: hvd.allreduce(torch.ones(4 if r == 0 else 5), name="cached_x"),
+                  "cached_x", "[4]", "[5]")
+    # The engine is still usable.
+    out = hvd.allreduce(torch.full((3,), float(r)), name="after", op=hvd.Sum)
+    assert out.tolist() == [float(sum(range(n)))] * 3, out
+    out = hvd.allreduce(torch.ones(4), name="cached_x", op=hvd.Sum)
+    assert out.tolist() == [float(n)] * 4
+    hvd.shutdown()
+    print("mismatches ok", flush=True)
+
+
+def local_errors() -> None:
+    """Bad input on this rank: ValueError at the call site, nothing sent."""
+    expect_raises(ValueError, hvd.rank, "not been initialized", "hvd.init()")
+    expect_raises(ValueError, lambda: hvd.allreduce(torch.ones(2)), "hvd.init()")
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    expect_raises(ValueError, lambda: hvd.allreduce(torch.ones(2, dtype=torch.complex64)),
+                  "ComplexFloat", "not supported")
+    expect_raises(ValueError, lambda: hvd.broadcast(torch.ones(2), n), "root_rank", "range")
+    expect_raises(ValueError, lambda: hvd.broadcast(torch.ones(2), -1), "root_rank")
+    expect_raises(ValueError, lambda: hvd.allreduce_(torch.ones(4, 4).t()), "contiguous")
+    expect_raises(ValueError, lambda: hvd.alltoall(torch.ones(5), splits=[1] * (n + 1)),
+                  "splits")
+    expect_raises(ValueError, lambda: hvd.alltoall(torch.ones(5), splits=[5] + [1] * (n - 1)),
+                  "sum")
+    expect_raises(ValueError, lambda: hvd.allreduce(torch.ones(2, dtype=torch.bool)),
+                  "bool")
+    expect_raises(ValueError, lambda: hvd.allgather(torch.tensor(1.0)), "dimension")
+    expect_raises(ValueError, lambda: hvd.synchronize(987654), "unknown handle")
+    # The same name twice in flight: rank 1 delays its submission so rank 0's first
+    # op is certainly still pending when it submits the second.
+    if r == 1:
+        time.sleep(0.5)
+    h = hvd.allreduce_async(torch.ones(2), name="dup")
+    if r == 0:
+        expect_raises(ValueError, lambda: hvd.allreduce_async(torch.ones(2), name="dup"),
+                      "dup", "already in flight")
+    hvd.synchronize(h)
+    # average= maps to op with a DeprecationWarning
+    import warnings
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        out = hvd.allreduce(torch.ones(2) * (r + 1), average=False, name="legacy")
+    assert out.tolist() == [float(sum(range(1, n + 1)))] * 2
+    assert any(issubclass(x.category, DeprecationWarning) for x in w)
+    hvd.shutdown()
+    print("local errors ok", flush=True)
+
+
+def dead_peer(mode: str = "exit") -> None:
+    """The last rank dies; every survivor's pending and later ops fail with
+    HorovodInternalError within seconds."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    hvd.allreduce(torch.ones(3), name="warmup")
+    if r == n - 1:
+        if mode == "exit":
+            os._exit(17)
+        os.kill(os.getpid(), 9)
+    t0 = time.monotonic()
+    h = hvd.allreduce_async(torch.ones(1000), name="after_death")
+    expect_raises(hvd.HorovodInternalError, lambda: hvd.synchronize(h), "rank")
+    elapsed = time.monotonic() - t0
+    assert elapsed < 10, f"took {elapsed:.1f} s to notice the dead peer"
+    expect_raises(hvd.HorovodInternalError, lambda: hvd.allreduce(torch.ones(2), name="later"))
+    hvd.shutdown()
+    print(f"rank {r}: dead peer noticed in {elapsed:.2f} s", flush=True)
+
+
+def reinit(times: str = "20") -> None:
+    """init / shutdown / init again, many times, each time a working engine."""
+    for i in range(int(times)):
+        hvd.init()
+        out = hvd.allreduce(torch.ones(2), name="x", op=hvd.Sum)
+        assert out.tolist() == [float(hvd.size())] * 2
+        hvd.shutdown()
+        assert not hvd.is_initialized()
+    print("reinit ok", flush=True)
+
+
+def out_of_order_and_many() -> None:
+    """Ranks submit the same names in different orders; hundreds of small tensors in
+    flight at once; unnamed ops are matched by submission order."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    names = [f"t{i}" for i in range(20)]
+    order = names if r % 2 == 0 else list(reversed(names))
+    handles = {nm: hvd.allreduce_async(torch.full((i + 1,), float(r)), name=nm, op=hvd.Sum)
+               for i, nm in [(names.index(x), x) for x in order]}
+    for i, nm in enumerate(names):
+        out = hvd.synchronize(handles[nm])
+        assert out.tolist() == [float(sum(range(n)))] * (i + 1), (nm, out)
+    for step in range(3):
+        hs = [hvd.allreduce_async(torch.full((3,), float(i + r)), name=f"small.{i}", op=hvd.Sum)
+              for i in range(500)]
+        for i, h in enumerate(hs):
+            out = hvd.synchronize(h)
+            assert out.tolist() == [float(n * i + sum(range(n)))] * 3
+    hs = [hvd.allreduce_async(torch.full((2,), float(i)), op=hvd.Sum) for i in range(50)]
+    for i, h in enumerate(hs):
+        assert hvd.synchronize(h).tolist() == [float(n * i)] * 2
+    # grouped
+    outs = hvd.grouped_allreduce([torch.full((k + 1,), float(r)) for k in range(5)], op=hvd.Sum)
+    for k, o in enumerate(outs):
+        assert o.tolist() == [float(sum(range(n)))] * (k + 1)
+    # poll
+    h = hvd.allreduce_async(torch.ones(1), name="polled")
+    while not hvd.poll(h):
+        time.sleep(0.001)
+    hvd.synchronize(h)
+    hvd.shutdown()
+    print("order ok", flush=True)
+
+
+def autograd() -> None:
+    """Gradients flow through allreduce, allgather, broadcast, alltoall, reducescatter."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    x = torch.full((4,), float(r + 1), requires_grad=True)
+    hvd.allreduce(x, op=hvd.Sum, name="g.ar").sum().backward()
+    assert x.grad.tolist() == [float(n)] * 4, x.grad
+    x = torch.ones(r + 1, 2, requires_grad=True)
+    y = hvd.allgather(x, name="g.ag")
+    (y * 2).sum().backward()
+    assert x.grad.tolist() == [[2.0 * n] * 2] * (r + 1), x.grad
+    x = torch.ones(3, requires_grad=True)
+    hvd.broadcast(x, 0, name="g.bc").sum().backward()
+    assert x.grad.tolist() == ([float(n)] * 3 if r == 0 else [0.0] * 3), x.grad
+    x = torch.ones(2 * n, requires_grad=True)
+    out = hvd.alltoall(x, name="g.a2a")
+    (out * (r + 1)).sum().backward()
+    assert x.grad.tolist() == [float(q + 1) for q in range(n) for _ in range(2)], x.grad
+    x = torch.ones(2 * n, 3, requires_grad=True)
+    out = hvd.reducescatter(x, op=hvd.Sum, name="g.rs")
+    out.sum().backward()
+    assert x.grad.tolist() == [[1.0] * 3] * (2 * n), x.grad
+    hvd.shutdown()
+    print("autograd ok", flush=True)
+
+
+def objects() -> None:
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    obj = hvd.broadcast_object({"from": r, "data": list(range(r + 3))}, root_rank=n - 1)
+    assert obj == {"from": n - 1, "data": list(range(n + 2))}, obj
+    assert hvd.allgather_object(("rank", r)) == [("rank", q) for q in range(n)]
+    hvd.shutdown()
+    print("objects ok", flush=True)

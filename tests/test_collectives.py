@@ -1,0 +1,33 @@
+"""Every collective x dtype on 1-4 real processes against a one-process reference."""
+import pytest
+
+from tests.harness import run_workers
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+def test_all_collectives_all_dtypes(size):
+    results = run_workers("tests.workers:all_collectives", size, args=[size], timeout=150)
+    assert all("all collectives ok" in r.output for r in results)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_out_of_order_hundreds_of_tensors_grouped_and_unnamed(size):
+    run_workers("tests.workers:out_of_order_and_many", size, timeout=90)
+
+
+def test_autograd_through_collectives():
+    run_workers("tests.workers:autograd", 3, timeout=90)
+
+
+def test_broadcast_and_allgather_objects():
+    run_workers("tests.workers:objects", 3, timeout=90)
+
+
+def test_fusion_disabled_and_cache_disabled_give_same_results():
+    env = {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CACHE_CAPACITY": "0"}
+    run_workers("tests.workers:out_of_order_and_many", 2, env=env, timeout=90)
+
+
+def test_small_cache_with_evictions():
+    run_workers("tests.workers:out_of_order_and_many", 2, env={"HOROVOD_CACHE_CAPACITY": "7"},
+                timeout=90)

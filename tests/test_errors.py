@@ -1,0 +1,51 @@
+"""Bad input, disagreeing ranks, dead peers and re-initialisation."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.harness import ROOT, run_workers
+
+
+def test_cross_rank_mismatches_raise_runtime_error_and_engine_survives():
+    run_workers("tests.workers:mismatches", 2, timeout=90)
+
+
+def test_local_bad_input_raises_value_error():
+    run_workers("tests.workers:local_errors", 2, timeout=90)
+
+
+@pytest.mark.parametrize("mode", ["exit", "kill"])
+def test_dead_peer_fails_survivors_with_internal_error(mode):
+    results = run_workers("tests.workers:dead_peer", 3, args=[mode], timeout=90,
+                          expect_ok=False)
+    assert results[2].returncode in (17, -9), results[2]
+    for r in results[:2]:
+        assert r.returncode == 0, r.output
+        assert "dead peer noticed" in r.output
+
+
+def test_reinit_many_times():
+    run_workers("tests.workers:reinit", 2, args=[40], timeout=120)
+
+
+def test_world_of_one_without_launcher():
+    code = ("import horovod.torch as hvd, torch\n"
+            "hvd.init(); assert (hvd.rank(), hvd.size(), hvd.local_rank()) == (0, 1, 0)\n"
+            "assert hvd.allreduce(torch.ones(3)).tolist() == [1.0] * 3\n"
+            "assert hvd.allgather(torch.ones(2, 2)).shape == (2, 2)\n"
+            "hvd.shutdown(); hvd.init(); hvd.barrier(); print('ok')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+    env["PYTHONPATH"] = ROOT
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+def test_wrong_secret_cannot_join():
+    results = run_workers("tests.workers:reinit", 2, args=[1], timeout=60, expect_ok=False,
+                          env={"HOROVOD_START_TIMEOUT": "5"},
+                          per_rank_env=lambda r: {"HOROVOD_SECRET": "wrong"} if r == 1 else {})
+    assert results[1].returncode != 0
+    assert "secret" in results[1].output, results[1].output
