@@ -56,19 +56,23 @@ def _cxx_std():
         return "-std=c++17"
 
 
+# HOROVOD_TORCH_SKIP_EXT=1: install the Python package and entry points only; the
+# Makefile then builds the extension in place, incrementally (python setup.py build_ext).
+ext_modules = [] if os.environ.get("HOROVOD_TORCH_SKIP_EXT") == "1" else [
+    CppExtension(
+        "horovod_torch._C",
+        sources,
+        include_dirs=[os.path.join(ROOT, "csrc")],
+        extra_compile_args={"cxx": ["-O3", _cxx_std(), "-Wall"]},
+    )
+]
+
 setup(
     name="horovod_torch",
     version="0.1.0",
     description="Distributed data-parallel training for PyTorch with Horovod's API",
     packages=find_packages(include=["horovod_torch", "horovod_torch.*", "horovod", "horovod.*"]),
-    ext_modules=[
-        CppExtension(
-            "horovod_torch._C",
-            sources,
-            include_dirs=[os.path.join(ROOT, "csrc")],
-            extra_compile_args={"cxx": ["-O3", _cxx_std(), "-Wall"]},
-        )
-    ],
+    ext_modules=ext_modules,
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
     entry_points={"console_scripts": ["horovodrun = horovod_torch.runner.launch:main"]},
     python_requires=">=3.9",

@@ -1,6 +1,7 @@
 #include "common/logging.h"
 
 #include <atomic>
+#include <cctype>
 #include <cstdio>
 
 namespace hvd {
@@ -11,8 +12,10 @@ const char* kNames[] = {"trace", "debug", "info", "warning", "error", "fatal"};
 }  // namespace
 
 void SetLogLevel(const std::string& name) {
+  std::string lower;
+  for (char c : name) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   for (int i = 0; i < 6; ++i) {
-    if (name == kNames[i]) g_level = i;
+    if (lower == kNames[i]) g_level = i;
   }
 }
 
