@@ -1,0 +1,215 @@
+"""DistributedOptimizer: wraps a torch optimizer so gradients are averaged across
+ranks, with each gradient's allreduce started by a hook as soon as backward has
+produced it (communication overlaps the rest of the backward pass)."""
+import contextlib
+import warnings
+from typing import Dict, Iterable, List, Optional, Tuple
+
+import torch
+
+from horovod_torch.basics import Adasum, Average, Sum
+from horovod_torch.compression import Compression
+from horovod_torch.ops import (allreduce_async_, global_process_set, grouped_allreduce_async_,
+                               synchronize)
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    """Mixed into a subclass of the user's optimizer class (see DistributedOptimizer)."""
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
+                 gradient_predivide_factor, groups, sparse_as_dense, process_set):
+        super(self.__class__, self).__init__(params)
+        self._compression = compression
+        self._op = op
+        self._predivide = gradient_predivide_factor
+        self._sparse_as_dense = sparse_as_dense
+        self._process_set = process_set
+        self.backward_passes_per_step = backward_passes_per_step
+
+        all_params = [p for g in self.param_groups for p in g["params"]]
+        if named_parameters is not None:
+            named = list(named_parameters)
+            names = [n for n, _ in named]
+            dups = sorted({n for n in names if names.count(n) > 1})
+            if dups:
+                raise ValueError(f"named_parameters has duplicate names: {dups}; each "
+                                 "parameter needs a unique name")
+            by_param = {id(p): n for n, p in named}
+            unnamed = [i for i, p in enumerate(all_params)
+                       if p.requires_grad and id(p) not in by_param]
+            if unnamed:
+                raise ValueError("named_parameters was given, but it does not name every "
+                                 f"parameter of the optimizer ({len(unnamed)} unnamed); pass "
+                                 "model.named_parameters() of the model the optimizer trains")
+        else:
+            by_param = {id(p): f"noname.{i}" for i, p in enumerate(all_params)}
+        self._parameter_names = {p: by_param[id(p)] for p in all_params if id(p) in by_param}
+        self._requires_update = [p for p in all_params if p.requires_grad]
+
+        self._groups: Dict[torch.Tensor, int] = {}
+        self._group_members: List[List[torch.Tensor]] = []
+        if groups is not None:
+            if isinstance(groups, int):
+                groups_list = [self._requires_update[i::groups] for i in range(groups)]
+            else:
+                groups_list = [list(g) for g in groups]
+                grouped = {id(p) for g in groups_list for p in g}
+                groups_list += [[p] for p in self._requires_update if id(p) not in grouped]
+            for gi, members in enumerate(g for g in groups_list if g):
+                self._group_members.append(members)
+                for p in members:
+                    self._groups[p] = gi
+
+        self._handles: Dict[torch.Tensor, Tuple[Optional[int], object, torch.Tensor]] = {}
+        self._group_ready: Dict[int, set] = {}
+        self._passes: Dict[torch.Tensor, int] = {}
+        self._synchronized = False
+        self._should_synchronize = True
+        self._hook_handles = []
+        self._register_hooks()
+
+    # -- hooks ---------------------------------------------------------------
+
+    def _register_hooks(self) -> None:
+        for p in self._requires_update:
+            self._hook_handles.append(p.register_post_accumulate_grad_hook(self._make_hook()))
+
+    def _make_hook(self):
+        def hook(p: torch.Tensor) -> None:
+            if p in self._handles and self._handles[p][0] is not None:
+                if self.backward_passes_per_step == 1:
+                    raise AssertionError(
+                        "Gradients were computed more than backward_passes_per_step times "
+                        "before optimizer.step() or synchronize(); raise "
+                        "backward_passes_per_step to accumulate gradients locally")
+                return
+            passes = self._passes.get(p, 0) + 1
+            self._passes[p] = passes
+            if passes < self.backward_passes_per_step:
+                return
+            self._start(p)
+        return hook
+
+    def _scales(self) -> Tuple[int, float, float]:
+        if self._op == Average:
+            # The engine applies 1/size for Average; split it around the reduction.
+            return Average, 1.0 / self._predivide, self._predivide
+        return self._op, 1.0, 1.0
+
+    def _prepare(self, p: torch.Tensor):
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        grad = p.grad
+        if grad.is_sparse:
+            if not self._sparse_as_dense:
+                raise ValueError(f"parameter '{self._parameter_names.get(p)}' has a sparse "
+                                 "gradient; pass sparse_as_dense=True")
+            grad = grad.to_dense()
+            p.grad = grad
+        compressed, ctx = self._compression.compress(grad)
+        if compressed is grad and not grad.is_contiguous():
+            compressed = grad.contiguous()
+        return compressed, ctx
+
+    def _start(self, p: torch.Tensor) -> None:
+        op, pre, post = self._scales()
+        if p in self._groups:
+            gi = self._groups[p]
+            ready = self._group_ready.setdefault(gi, set())
+            ready.add(p)
+            self._handles[p] = (None, None, None)
+            if len(ready) == len(self._group_members[gi]):
+                members = self._group_members[gi]
+                prepared = [self._prepare(q) for q in members]
+                hs = grouped_allreduce_async_([c for c, _ in prepared],
+                                              name=f"allreduce.group.{gi}", op=op,
+                                              prescale_factor=pre, postscale_factor=post,
+                                              process_set=self._process_set)
+                for q, h, (c, ctx) in zip(members, hs, prepared):
+                    self._handles[q] = (h, ctx, c)
+                del self._group_ready[gi]
+            return
+        compressed, ctx = self._prepare(p)
+        h = allreduce_async_(compressed, name="allreduce." + self._parameter_names[p], op=op,
+                             prescale_factor=pre, postscale_factor=post,
+                             process_set=self._process_set)
+        self._handles[p] = (h, ctx, compressed)
+
+    # -- public API ------------------------------------------------------------
+
+    def synchronize(self) -> None:
+        """Waits for every gradient's allreduce and writes the results into .grad.
+
+        Parameters that got no gradient this step take part with zeros, so every
+        rank submits the same set of tensors.
+        """
+        for p in self._requires_update:
+            if p not in self._handles:
+                self._start(p)
+        for p, (h, ctx, compressed) in list(self._handles.items()):
+            if h is None:  # group member whose group is incomplete: cannot happen now
+                raise AssertionError("internal: incomplete gradient group after synchronize")
+            out = synchronize(h)
+            result = self._compression.decompress(out, ctx)
+            if result.data_ptr() != p.grad.data_ptr():
+                p.grad.copy_(result.view_as(p.grad))
+        self._handles.clear()
+        self._passes.clear()
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Inside this block step() does not synchronize (call synchronize() first)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "context after optimizer.synchronize(). This can cause training "
+                              "slowdown. You may want to consider using "
+                              "optimizer.skip_synchronize() context if you use "
+                              "optimizer.synchronize() in your code.")
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, set_to_none: bool = True):
+        if any(h[0] is not None for h in self._handles.values()):
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
+                                 "before optimizer.step() or optimizer.synchronize(). This is "
+                                 "prohibited as it can cause a race condition.")
+        return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer,
+                         named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
+                         compression=Compression.none, backward_passes_per_step: int = 1,
+                         op: int = Average, gradient_predivide_factor: float = 1.0,
+                         num_groups: int = 0, groups=None, sparse_as_dense: bool = False,
+                         process_set=global_process_set):
+    """Returns `optimizer` made distributed: an instance of a subclass of its class
+    whose step() first averages (op=Average) or sums gradients across ranks."""
+    if op == Adasum:
+        raise ValueError("op=hvd.Adasum is not supported by this build yet; use hvd.Average")
+    if op not in (Average, Sum):
+        raise ValueError("DistributedOptimizer supports op=hvd.Average or hvd.Sum")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor needs op=hvd.Average")
+    if backward_passes_per_step < 1:
+        raise ValueError("backward_passes_per_step must be >= 1")
+    if num_groups and groups is not None:
+        raise ValueError("give num_groups or groups, not both")
+    if groups is not None and not (isinstance(groups, int) or isinstance(groups, list)):
+        raise ValueError("groups must be an int or a list of lists of parameters")
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               dict(_DistributedOptimizer.__dict__))
+    dist = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
+               op, gradient_predivide_factor, groups if groups is not None else (num_groups or None),
+               sparse_as_dense, process_set)
+    dist.state = optimizer.state
+    return dist

@@ -1,0 +1,111 @@
+// core/fusion: PlanFusion batching rules.
+#include <gtest/gtest.h>
+
+#include "core/fusion.h"
+
+namespace hvd {
+namespace {
+
+using Batches = std::vector<std::vector<size_t>>;
+
+Response AR(int64_t elems, DataType dtype = DataType::kFloat32, ReduceOp op = ReduceOp::kSum) {
+  Response r;
+  r.type = OpType::kAllreduce;
+  r.name = "t";
+  r.dtype = dtype;
+  r.op = op;
+  r.shape = {elems};
+  return r;
+}
+
+TEST(Fusion, ResponseBytes) {
+  Response r = AR(10, DataType::kFloat64);
+  EXPECT_EQ(ResponseBytes(r), 80);
+  r.shape = {2, 3, 4};
+  r.dtype = DataType::kFloat16;
+  EXPECT_EQ(ResponseBytes(r), 48);
+  r.shape = {};
+  EXPECT_EQ(ResponseBytes(r), 2);  // scalar
+  r.shape = {5, 0};
+  EXPECT_EQ(ResponseBytes(r), 0);
+}
+
+TEST(Fusion, EmptyList) { EXPECT_TRUE(PlanFusion({}, 1024).empty()); }
+
+TEST(Fusion, ConsecutiveAllreducesFuseUpToThreshold) {
+  // 4 bytes per element: 100 elems = 400 bytes.
+  std::vector<Response> rs = {AR(100), AR(100), AR(100), AR(100), AR(100)};
+  EXPECT_EQ(PlanFusion(rs, 1200), (Batches{{0, 1, 2}, {3, 4}}));
+  EXPECT_EQ(PlanFusion(rs, 1199), (Batches{{0, 1}, {2, 3}, {4}}));
+  EXPECT_EQ(PlanFusion(rs, 1 << 20), (Batches{{0, 1, 2, 3, 4}}));
+  EXPECT_EQ(PlanFusion(rs, 400), (Batches{{0}, {1}, {2}, {3}, {4}}));
+  EXPECT_EQ(PlanFusion(rs, 0), (Batches{{0}, {1}, {2}, {3}, {4}}));
+}
+
+TEST(Fusion, DtypeOpOrScaleChangeBreaksBatch) {
+  std::vector<Response> rs = {AR(1), AR(1), AR(1, DataType::kFloat16), AR(1, DataType::kFloat16),
+                              AR(1, DataType::kFloat16, ReduceOp::kMax), AR(1, DataType::kFloat16)};
+  EXPECT_EQ(PlanFusion(rs, 1 << 20), (Batches{{0, 1}, {2, 3}, {4}, {5}}));
+
+  std::vector<Response> scaled = {AR(1), AR(1), AR(1), AR(1), AR(1)};
+  scaled[1].prescale = 0.5;
+  scaled[2].prescale = 0.5;
+  scaled[3].postscale = 0.5;
+  scaled[3].prescale = 0.5;
+  EXPECT_EQ(PlanFusion(scaled, 1 << 20), (Batches{{0}, {1, 2}, {3}, {4}}));
+}
+
+TEST(Fusion, NonAllreduceBreaksBatch) {
+  std::vector<Response> rs = {AR(1), AR(1), AR(1), AR(1), AR(1), AR(1)};
+  rs[2].type = OpType::kBroadcast;
+  rs[4].type = OpType::kAllgather;
+  rs[5].type = OpType::kAllgather;  // two allgathers never fuse
+  EXPECT_EQ(PlanFusion(rs, 1 << 20), (Batches{{0, 1}, {2}, {3}, {4}, {5}}));
+  for (OpType t : {OpType::kBroadcast, OpType::kAlltoall, OpType::kReducescatter,
+                   OpType::kBarrier, OpType::kAllgather}) {
+    std::vector<Response> same(3, AR(1));
+    for (auto& r : same) r.type = t;
+    EXPECT_EQ(PlanFusion(same, 1 << 20), (Batches{{0}, {1}, {2}})) << OpTypeName(t);
+  }
+}
+
+TEST(Fusion, OversizeTensorAlone) {
+  std::vector<Response> rs = {AR(10), AR(1000), AR(10), AR(10)};
+  // threshold 100 bytes: the 4000-byte tensor goes alone and does not absorb neighbours.
+  EXPECT_EQ(PlanFusion(rs, 100), (Batches{{0}, {1}, {2, 3}}));
+  std::vector<Response> first_big = {AR(1000), AR(1), AR(1)};
+  EXPECT_EQ(PlanFusion(first_big, 100), (Batches{{0}, {1, 2}}));
+}
+
+TEST(Fusion, ErrorResponsesAlone) {
+  std::vector<Response> rs = {AR(1), AR(1), AR(1), AR(1), AR(1)};
+  rs[1].error = "mismatch";
+  rs[2].error = "mismatch";
+  EXPECT_EQ(PlanFusion(rs, 1 << 20), (Batches{{0}, {1}, {2}, {3, 4}}));
+  rs[0].error = "x";
+  EXPECT_EQ(PlanFusion(rs, 1 << 20), (Batches{{0}, {1}, {2}, {3, 4}}));
+}
+
+TEST(Fusion, BatchesCoverEveryIndexInOrder) {
+  std::vector<Response> rs;
+  for (int i = 0; i < 50; ++i) {
+    Response r = AR(1 + i % 7, i % 5 == 0 ? DataType::kFloat64 : DataType::kFloat32);
+    if (i % 11 == 0) r.type = OpType::kBroadcast;
+    rs.push_back(r);
+  }
+  Batches b = PlanFusion(rs, 64);
+  size_t next = 0;
+  for (const auto& batch : b) {
+    ASSERT_FALSE(batch.empty());
+    int64_t bytes = 0;
+    for (size_t i : batch) {
+      EXPECT_EQ(i, next++);
+      bytes += ResponseBytes(rs[i]);
+    }
+    if (batch.size() > 1) EXPECT_LE(bytes, 64);
+  }
+  EXPECT_EQ(next, rs.size());
+}
+
+}  // namespace
+}  // namespace hvd

@@ -1,0 +1,297 @@
+// rendezvous/store: StoreServer + StoreClient over loopback.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <set>
+
+#include "rendezvous/store.h"
+#include "test_util.h"
+
+namespace hvd {
+namespace {
+
+using hvd_test::ConnectClient;
+using hvd_test::kSecret;
+using hvd_test::SecondsSince;
+using hvd_test::Watchdog;
+
+TEST(Store, SetGetTryGetAdd) {
+  Watchdog wd(20, "Store.SetGetTryGetAdd");
+  StoreServer server("127.0.0.1", 0, kSecret);
+  HVD_ASSERT_OK(server.status());
+  ASSERT_GT(server.port(), 0);
+  auto c = ConnectClient(server);
+  ASSERT_TRUE(c);
+
+  HVD_ASSERT_OK(c->Set("a", "1"));
+  std::string v;
+  HVD_ASSERT_OK(c->Get("a", 1.0, &v));
+  EXPECT_EQ(v, "1");
+  HVD_ASSERT_OK(c->Set("a", "overwritten"));
+  HVD_ASSERT_OK(c->Get("a", 1.0, &v));
+  EXPECT_EQ(v, "overwritten");
+
+  bool found = true;
+  HVD_ASSERT_OK(c->TryGet("missing", &v, &found));
+  EXPECT_FALSE(found);
+  HVD_ASSERT_OK(c->TryGet("a", &v, &found));
+  EXPECT_TRUE(found);
+  EXPECT_EQ(v, "overwritten");
+
+  int64_t r = 0;
+  HVD_ASSERT_OK(c->Add("ctr", 5, &r));
+  EXPECT_EQ(r, 5);
+  HVD_ASSERT_OK(c->Add("ctr", -7, &r));
+  EXPECT_EQ(r, -2);
+  HVD_ASSERT_OK(c->Get("ctr", 1.0, &v));
+  EXPECT_EQ(v, "-2");
+
+  // Binary keys and values, empty value, a 1 MB value.
+  std::string key("k\0ey", 4), val("\0\xff\x01", 3), big(1 << 20, 'z');
+  for (size_t i = 0; i < big.size(); i += 4099) big[i] = static_cast<char>(i);
+  HVD_ASSERT_OK(c->Set(key, val));
+  HVD_ASSERT_OK(c->Set("empty", ""));
+  HVD_ASSERT_OK(c->Set("big", big));
+  HVD_ASSERT_OK(c->Get(key, 1.0, &v));
+  EXPECT_EQ(v, val);
+  HVD_ASSERT_OK(c->Get("empty", 1.0, &v));
+  EXPECT_EQ(v, "");
+  HVD_ASSERT_OK(c->Get("big", 1.0, &v));
+  EXPECT_EQ(v, big);
+
+  EXPECT_EQ(c->LocalAddress(), "127.0.0.1");
+}
+
+TEST(Store, ServerLocalAccessIsShared) {
+  Watchdog wd(20, "Store.ServerLocalAccessIsShared");
+  StoreServer server("127.0.0.1", 0, kSecret);
+  HVD_ASSERT_OK(server.status());
+  auto c = ConnectClient(server);
+  ASSERT_TRUE(c);
+  server.Set("from-server", "x");
+  std::string v;
+  HVD_ASSERT_OK(c->Get("from-server", 1.0, &v));
+  EXPECT_EQ(v, "x");
+  HVD_ASSERT_OK(c->Set("from-client", "y"));
+  EXPECT_TRUE(server.Get("from-client", &v));
+  EXPECT_EQ(v, "y");
+  EXPECT_FALSE(server.Get("nope", &v));
+  EXPECT_EQ(server.Add("n", 3), 3);
+  int64_t r;
+  HVD_ASSERT_OK(c->Add("n", 4, &r));
+  EXPECT_EQ(r, 7);
+  EXPECT_EQ(server.Add("n", 0), 7);
+}
+
+TEST(Store, ConcurrentClients) {
+  Watchdog wd(30, "Store.ConcurrentClients");
+  StoreServer server("127.0.0.1", 0, kSecret);
+  HVD_ASSERT_OK(server.status());
+  const int kThreads = 6, kShared = 3, kAdds = 40;
+  auto shared = ConnectClient(server);
+  ASSERT_TRUE(shared);
+  std::vector<std::vector<int64_t>> results(kThreads + kShared);
+  std::vector<std::string> errors(kThreads + kShared);
+  hvd_test::RunRanks(kThreads + kShared, [&](int t) {
+    std::unique_ptr<StoreClient> own;
+    StoreClient* c = shared.get();
+    if (t < kThreads) {  // one connection per thread; the rest share one client
+      Status st = StoreClient::Connect("127.0.0.1", server.port(), kSecret, 5, &own);
+      if (!st.ok()) {
+        errors[t] = st.message();
+        return;
+      }
+      c = own.get();
+    }
+    for (int i = 0; i < kAdds; ++i) {
+      int64_t r;
+      std::string key = "t" + std::to_string(t) + "/" + std::to_string(i);
+      Status st = c->Add("counter", 1, &r);
+      if (st.ok()) st = c->Set(key, std::to_string(i * t));
+      std::string v;
+      bool found = false;
+      if (st.ok()) st = c->TryGet(key, &v, &found);
+      if (st.ok() && (!found || v != std::to_string(i * t))) st = Status::Aborted("bad TryGet");
+      if (st.ok()) st = c->Get(key, 1.0, &v);
+      if (!st.ok()) {
+        errors[t] = st.message();
+        return;
+      }
+      results[t].push_back(r);
+    }
+  });
+  for (auto& e : errors) EXPECT_EQ(e, "");
+  std::set<int64_t> all;
+  for (auto& r : results) {
+    EXPECT_TRUE(std::is_sorted(r.begin(), r.end()));  // each thread's adds are ordered
+    all.insert(r.begin(), r.end());
+  }
+  const int64_t total = (kThreads + kShared) * kAdds;
+  EXPECT_EQ(static_cast<int64_t>(all.size()), total) << "Add results must be unique";
+  EXPECT_EQ(*all.begin(), 1);
+  EXPECT_EQ(*all.rbegin(), total);
+  std::string v;
+  ASSERT_TRUE(server.Get("counter", &v));
+  EXPECT_EQ(v, std::to_string(total));
+}
+
+TEST(Store, GetWaitsForALaterSet) {
+  Watchdog wd(20, "Store.GetWaitsForALaterSet");
+  StoreServer server("127.0.0.1", 0, kSecret);
+  HVD_ASSERT_OK(server.status());
+  auto getter = ConnectClient(server);
+  auto setter = ConnectClient(server);
+  ASSERT_TRUE(getter && setter);
+  Status get_st, set_st;
+  std::string v;
+  double waited = 0;
+  auto t0 = std::chrono::steady_clock::now();
+  std::thread g([&] {
+    get_st = getter->Get("late", 5.0, &v);
+    waited = SecondsSince(t0);
+  });
+  std::thread s([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    set_st = setter->Set("late", "here");
+  });
+  g.join();
+  s.join();
+  HVD_EXPECT_OK(set_st);
+  HVD_EXPECT_OK(get_st);
+  EXPECT_EQ(v, "here");
+  EXPECT_GE(waited, 0.25);
+  EXPECT_LT(waited, 3.0) << "Get should wake up as soon as the key is set";
+}
+
+TEST(Store, GetTimesOutWithAborted) {
+  Watchdog wd(20, "Store.GetTimesOutWithAborted");
+  StoreServer server("127.0.0.1", 0, kSecret);
+  HVD_ASSERT_OK(server.status());
+  auto c = ConnectClient(server);
+  ASSERT_TRUE(c);
+  std::string v;
+  auto t0 = std::chrono::steady_clock::now();
+  Status st = c->Get("never", 0.5, &v);
+  double took = SecondsSince(t0);
+  EXPECT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), StatusCode::kAborted);
+  EXPECT_NE(st.message().find("never"), std::string::npos) << st.message();
+  EXPECT_GE(took, 0.45);
+  EXPECT_LT(took, 3.0);
+  // The connection is still usable afterwards.
+  HVD_EXPECT_OK(c->Set("never", "now"));
+  HVD_EXPECT_OK(c->Get("never", 0.5, &v));
+  EXPECT_EQ(v, "now");
+}
+
+TEST(Store, WrongSecretIsRejected) {
+  Watchdog wd(30, "Store.WrongSecretIsRejected");
+  StoreServer server("127.0.0.1", 0, kSecret);
+  HVD_ASSERT_OK(server.status());
+  std::unique_ptr<StoreClient> bad;
+  auto t0 = std::chrono::steady_clock::now();
+  Status st = StoreClient::Connect("127.0.0.1", server.port(), "not-the-secret", 5, &bad);
+  EXPECT_FALSE(st.ok());
+  EXPECT_FALSE(bad);
+  EXPECT_EQ(st.code(), StatusCode::kAborted);
+  EXPECT_NE(st.message().find("secret"), std::string::npos) << st.message();
+  EXPECT_LT(SecondsSince(t0), 3.0);
+  // Empty secret on one side only is rejected too.
+  st = StoreClient::Connect("127.0.0.1", server.port(), "", 5, &bad);
+  EXPECT_FALSE(st.ok());
+  // The server keeps serving clients that know the secret.
+  auto good = ConnectClient(server);
+  ASSERT_TRUE(good);
+  HVD_EXPECT_OK(good->Set("k", "v"));
+}
+
+TEST(Store, ConnectToNothingTimesOut) {
+  Watchdog wd(20, "Store.ConnectToNothingTimesOut");
+  int port = 0;
+  {
+    StoreServer tmp("127.0.0.1", 0, kSecret);  // find a port, then free it
+    HVD_ASSERT_OK(tmp.status());
+    port = tmp.port();
+  }
+  std::unique_ptr<StoreClient> c;
+  auto t0 = std::chrono::steady_clock::now();
+  Status st = StoreClient::Connect("127.0.0.1", port, kSecret, 0.5, &c);
+  EXPECT_FALSE(st.ok());
+  EXPECT_GE(SecondsSince(t0), 0.45);
+  EXPECT_LT(SecondsSince(t0), 3.0);
+}
+
+TEST(Store, StopWakesABlockedGet) {
+  Watchdog wd(20, "Store.StopWakesABlockedGet");
+  auto server = std::make_unique<StoreServer>("127.0.0.1", 0, kSecret);
+  HVD_ASSERT_OK(server->status());
+  auto c = ConnectClient(*server);
+  ASSERT_TRUE(c);
+  Status st;
+  double took = 0;
+  std::thread g([&] {
+    auto t0 = std::chrono::steady_clock::now();
+    std::string v;
+    st = c->Get("never", 60.0, &v);
+    took = SecondsSince(t0);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto t0 = std::chrono::steady_clock::now();
+  server->Stop();
+  EXPECT_LT(SecondsSince(t0), 3.0) << "Stop() must not wait for blocked Gets";
+  g.join();
+  EXPECT_FALSE(st.ok());
+  EXPECT_LT(took, 5.0);
+  // Calls after the server went away fail instead of hanging.
+  Status after = c->Set("x", "y");
+  if (after.ok()) {  // the send may still succeed into the socket buffer; the reply cannot
+    std::string v;
+    after = c->Get("x", 0.1, &v);
+  }
+  EXPECT_FALSE(after.ok());
+  server.reset();
+}
+
+TEST(Store, DestructorWithIdleClients) {
+  Watchdog wd(20, "Store.DestructorWithIdleClients");
+  auto server = std::make_unique<StoreServer>("127.0.0.1", 0, kSecret);
+  HVD_ASSERT_OK(server->status());
+  std::vector<std::unique_ptr<StoreClient>> clients;
+  for (int i = 0; i < 5; ++i) clients.push_back(ConnectClient(*server));
+  auto t0 = std::chrono::steady_clock::now();
+  server.reset();
+  EXPECT_LT(SecondsSince(t0), 3.0);
+}
+
+TEST(Store, ListenOnBusyPortFails) {
+  StoreServer a("127.0.0.1", 0, kSecret);
+  HVD_ASSERT_OK(a.status());
+  StoreServer b("127.0.0.1", a.port(), kSecret);
+  EXPECT_FALSE(b.status().ok());
+}
+
+// BUG: StoreServer::Add() parses the stored value with std::stoll, which throws
+// on a non-numeric value; the exception escapes the connection thread and
+// std::terminate() kills the whole process (the launcher hosting the store).
+// Run in a child process so the crash fails only this test.
+TEST(StoreDeathTest, AddOnNonNumericValueDoesNotCrashServer) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        StoreServer server("127.0.0.1", 0, kSecret);
+        std::unique_ptr<StoreClient> c;
+        if (!StoreClient::Connect("127.0.0.1", server.port(), kSecret, 5, &c).ok()) _exit(2);
+        if (!c->Set("k", "not-a-number").ok()) _exit(3);
+        int64_t r = 0;
+        (void)c->Add("k", 1, &r);  // an error Status is fine; a crash is not
+        std::string v;
+        bool found = false;
+        if (!c->TryGet("k", &v, &found).ok()) _exit(4);  // server still alive?
+        _exit(0);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+}  // namespace
+}  // namespace hvd

@@ -1,0 +1,22 @@
+"""DistributedOptimizer: exactness against one process, and user-visible behaviours."""
+import pytest
+
+from tests.harness import run_workers
+
+
+@pytest.mark.parametrize("opt,op,bpps,extra", [
+    ("sgd", "average", 1, "none"), ("adam", "average", 1, "none"), ("sgd", "sum", 1, "none"),
+    ("adam", "sum", 2, "none"), ("sgd", "average", 2, "none"), ("sgd", "average", 1, "groups"),
+    ("adam", "average", 1, "fp16"),
+])
+def test_exactness(opt, op, bpps, extra):
+    run_workers("tests.train_workers:exactness", 2, args=[opt, op, bpps, extra], timeout=90)
+
+
+def test_exactness_three_ranks_adam():
+    run_workers("tests.train_workers:exactness", 3, args=["adam", "average", 1, "none"],
+                timeout=90)
+
+
+def test_optimizer_behaviours():
+    run_workers("tests.train_workers:behaviours", 2, timeout=90)

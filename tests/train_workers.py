@@ -1,0 +1,149 @@
+"""Training-side workers: DistributedOptimizer exactness and behaviours."""
+import warnings
+
+import torch
+import torch.nn as nn
+
+import horovod_torch as hvd
+from tests.workers import expect_raises
+
+B = 12  # global batch
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3))
+
+
+def _data(step):
+    g = torch.Generator().manual_seed(100 + step)
+    return torch.randn(B, 5, generator=g), torch.randn(B, 3, generator=g)
+
+
+def _make_opt(name, params):
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    return torch.optim.Adam(params, lr=0.01)
+
+
+def _reference(opt_name, steps):
+    model = _model()
+    opt = _make_opt(opt_name, model.parameters())
+    for s in range(steps):
+        x, y = _data(s)
+        opt.zero_grad()
+        ((model(x) - y) ** 2).sum().div(B).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def exactness(opt_name="sgd", op="average", bpps="1", extra="none"):
+    """N ranks on 1/N shards end where one process on the whole batch ends."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    bpps = int(bpps)
+    steps = 3
+    model = _model()
+    kwargs = {}
+    if extra == "groups":
+        kwargs["num_groups"] = 2
+    elif extra == "fp16":
+        kwargs["compression"] = hvd.Compression.fp16
+    opt = hvd.DistributedOptimizer(_make_opt(opt_name, model.parameters()),
+                                   named_parameters=model.named_parameters(),
+                                   op=hvd.Average if op == "average" else hvd.Sum,
+                                   backward_passes_per_step=bpps, **kwargs)
+    assert isinstance(opt, torch.optim.SGD if opt_name == "sgd" else torch.optim.Adam)
+    shard = B // n
+    for s in range(steps):
+        x, y = _data(s)
+        xs, ys = x[r * shard:(r + 1) * shard], y[r * shard:(r + 1) * shard]
+        opt.zero_grad()
+        micro = shard // bpps
+        for k in range(bpps):
+            xm, ym = xs[k * micro:(k + 1) * micro], ys[k * micro:(k + 1) * micro]
+            loss = ((model(xm) - ym) ** 2).sum()
+            loss = loss / shard if op == "average" else loss / B
+            loss.backward()
+        opt.step()
+    ref = _reference(opt_name, steps)
+    tol = 2e-3 if extra == "fp16" else 1e-5
+    for p, q in zip(model.parameters(), ref):
+        assert torch.allclose(p, q, atol=tol, rtol=tol), (p - q).abs().max()
+    # state_dict / load_state_dict still behave
+    sd = opt.state_dict()
+    opt.load_state_dict(sd)
+    assert len(opt.param_groups) == 1
+    hvd.shutdown()
+    print("exactness ok", flush=True)
+
+
+class _Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(3, 3)
+        self.b = nn.Linear(3, 3)
+
+    def forward(self, x, use_b):
+        return self.b(self.a(x)) if use_b else self.a(x)
+
+
+def behaviours():
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    # Unused parameters on some ranks: no deadlock, they take part with zeros.
+    torch.manual_seed(0)
+    m = _Branchy()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=1.0),
+                                   named_parameters=m.named_parameters(), op=hvd.Sum)
+    for step in range(3):
+        opt.zero_grad()
+        m(torch.ones(2, 3), use_b=(r == 0)).sum().backward()
+        opt.step()
+    # b's gradient came from rank 0 only; every rank must still agree on b.
+    bw = hvd.allgather(m.b.weight.detach().unsqueeze(0), name="check_b")
+    assert all(torch.equal(bw[0], bw[q]) for q in range(n))
+    # named_parameters checks
+    m2 = nn.Linear(2, 2)
+    expect_raises(ValueError, lambda: hvd.DistributedOptimizer(
+        torch.optim.SGD(m2.parameters(), lr=0.1),
+        named_parameters=[("w", m2.weight), ("w", m2.bias)]), "duplicate")
+    expect_raises(ValueError, lambda: hvd.DistributedOptimizer(
+        torch.optim.SGD(m2.parameters(), lr=0.1), named_parameters=[("w", m2.weight)]),
+        "does not name every")
+    # synchronize + clip + skip_synchronize (the gradient-clipping / AMP pattern)
+    m3 = _model()
+    opt3 = hvd.DistributedOptimizer(torch.optim.SGD(m3.parameters(), lr=0.1),
+                                    named_parameters=m3.named_parameters())
+    x, y = _data(0)
+    ((m3(x) - y) ** 2).mean().backward()
+    opt3.synchronize()
+    torch.nn.utils.clip_grad_norm_(m3.parameters(), 0.01)
+    with opt3.skip_synchronize(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt3.step()
+    # step() after synchronize() without skip_synchronize() warns
+    ((m3(x) - y) ** 2).mean().backward()
+    opt3.synchronize()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        opt3.step()
+    assert any("skip_synchronize" in str(x.message) for x in w)
+    # broadcast_parameters / broadcast_optimizer_state, before and after state exists
+    m4 = _model(seed=r)
+    opt4 = torch.optim.Adam(m4.parameters(), lr=0.01 * (r + 1))
+    hvd.broadcast_parameters(m4.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt4, root_rank=0)
+    assert opt4.param_groups[0]["lr"] == 0.01
+    ref = _model(seed=0)
+    assert all(torch.equal(p, q) for p, q in zip(m4.parameters(), ref.parameters()))
+    ((m4(x) - y) ** 2).mean().backward()
+    opt4.step()
+    if r != 0:
+        opt4.state.clear()
+    hvd.broadcast_optimizer_state(opt4, root_rank=0)
+    sd = opt4.state_dict()["state"]
+    got = hvd.allgather(sd[0]["exp_avg"].unsqueeze(0), name="check_state")
+    assert all(torch.equal(got[0], got[q]) for q in range(n))
+    hvd.shutdown()
+    print("behaviours ok", flush=True)
