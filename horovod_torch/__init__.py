@@ -26,4 +26,6 @@ from horovod_torch.ops import (ProcessSet, allgather, allgather_async, allreduce
                                grouped_reducescatter, grouped_reducescatter_async, poll,
                                reducescatter, reducescatter_async, synchronize)
 
+from horovod_torch import elastic  # noqa: E402  (after the names it uses)
+
 __version__ = "0.1.0"

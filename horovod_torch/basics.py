@@ -82,8 +82,13 @@ def init(comm=None, process_sets=None) -> None:
     with _lock:
         if _C.world() is not None:
             return
-        world = _detect_world()
-        prefix = os.environ.get("HOROVOD_RENDEZVOUS_PREFIX", "job") + f"/init{_init_count}"
+        from horovod_torch.elastic import worker as elastic_worker
+        if elastic_worker.is_elastic():
+            timeout = float(os.environ.get("HOROVOD_ELASTIC_TIMEOUT", "600"))
+            world, prefix = elastic_worker.next_assignment(timeout)
+        else:
+            world = _detect_world()
+            prefix = os.environ.get("HOROVOD_RENDEZVOUS_PREFIX", "job") + f"/init{_init_count}"
         _init_count += 1
         code, message = _C.init(world["rank"], world["size"], world["local_rank"],
                                 world["local_size"], world["cross_rank"], world["cross_size"],

@@ -186,4 +186,48 @@ PYBIND11_MODULE(_C, m) {
            })
       .def("add", &StoreServer::Add)
       .def("stop", &StoreServer::Stop, py::call_guard<py::gil_scoped_release>());
+
+  // Used by elastic workers to read their assignment and host updates.
+  py::class_<StoreClient>(m, "StoreClient")
+      .def(py::init([](const std::string& host, int port, const std::string& secret,
+                       double timeout_s) {
+             std::unique_ptr<StoreClient> c;
+             Status st;
+             {
+               py::gil_scoped_release nogil;
+               st = StoreClient::Connect(host, port, secret, timeout_s, &c);
+             }
+             if (!st.ok()) throw std::runtime_error(st.message());
+             return c;
+           }),
+           py::arg("host"), py::arg("port"), py::arg("secret"), py::arg("timeout_s") = 30.0)
+      .def("set",
+           [](StoreClient& c, const std::string& k, const py::bytes& v) {
+             std::string value = v;
+             py::gil_scoped_release nogil;
+             Status st = c.Set(k, value);
+             if (!st.ok()) throw std::runtime_error(st.message());
+           })
+      .def("get",
+           [](StoreClient& c, const std::string& k, double timeout_s) -> py::object {
+             std::string v;
+             Status st;
+             {
+               py::gil_scoped_release nogil;
+               st = c.Get(k, timeout_s, &v);
+             }
+             if (!st.ok()) return py::none();
+             return py::bytes(v);
+           },
+           py::arg("key"), py::arg("timeout_s") = 0.0)
+      .def("add", [](StoreClient& c, const std::string& k, int64_t delta) {
+        int64_t out = 0;
+        Status st;
+        {
+          py::gil_scoped_release nogil;
+          st = c.Add(k, delta, &out);
+        }
+        if (!st.ok()) throw std::runtime_error(st.message());
+        return out;
+      });
 }

@@ -64,8 +64,25 @@ def make_parser() -> argparse.ArgumentParser:
         "--check-build", dest="check_build", action="store_true",
         help="show which frameworks, controllers and tensor operations "
              "this build supports, then exit")
-    # Elastic mode (--min-np, --max-np, --host-discovery-script, ...) will
-    # be added here; see run().
+    elastic = parser.add_argument_group("elastic mode")
+    elastic.add_argument("--min-np", dest="min_np", type=int, metavar="N",
+                         help="fewest workers the job may run with")
+    elastic.add_argument("--max-np", dest="max_np", type=int, metavar="N",
+                         help="most workers the job may grow to")
+    elastic.add_argument("--host-discovery-script", dest="discovery", metavar="PATH",
+                         help="executable printing the available hosts as host:slots lines; "
+                              "enables elastic mode")
+    elastic.add_argument("--slots", type=int, default=1, metavar="K",
+                         help="slots of a discovered host that prints no count (default 1)")
+    elastic.add_argument("--reset-limit", dest="reset_limit", type=int, default=0,
+                         metavar="L", help="stop after L resets (default: no limit)")
+    elastic.add_argument("--blacklist-cooldown-range", dest="cooldown", type=float, nargs=2,
+                         metavar=("LO", "HI"),
+                         help="a failed host may be used again after a random LO..HI "
+                              "seconds (default: never)")
+    elastic.add_argument("--elastic-timeout", dest="elastic_timeout", type=float,
+                         default=600.0, metavar="T",
+                         help="seconds to wait for enough workers (default 600)")
     parser.add_argument(
         "command", nargs=argparse.REMAINDER,
         help="command to run in every worker, e.g. python train.py")
@@ -81,6 +98,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.check_build:
         return args
 
+    if args.discovery:
+        return _check_elastic(parser, args)
+    if args.min_np is not None or args.max_np is not None:
+        parser.error("--min-np/--max-np need --host-discovery-script (elastic mode)")
     if args.num_proc is None:
         parser.error("argument -np/--num-proc is required")
     if args.num_proc < 1:
@@ -110,6 +131,65 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         parser.error(f"remote hosts need ssh, not supported yet: "
                      f"{','.join(remote)}")
     return args
+
+
+def _check_elastic(parser: argparse.ArgumentParser,
+                   args: argparse.Namespace) -> argparse.Namespace:
+    """Validates the elastic-mode flags."""
+    if not args.command:
+        parser.error("no command given to run in the workers")
+    if not os.access(args.discovery, os.X_OK):
+        parser.error(f"--host-discovery-script {args.discovery!r} is not an executable file")
+    args.min_np = args.min_np or args.num_proc or 1
+    args.max_np = args.max_np or max(args.num_proc or 0, args.min_np)
+    args.num_proc = args.num_proc or args.min_np
+    if not 1 <= args.min_np <= args.num_proc <= args.max_np:
+        parser.error(f"need 1 <= --min-np ({args.min_np}) <= -np ({args.num_proc}) <= "
+                     f"--max-np ({args.max_np})")
+    if args.cooldown and not 0 <= args.cooldown[0] <= args.cooldown[1]:
+        parser.error("--blacklist-cooldown-range needs 0 <= LO <= HI")
+    if args.start_timeout is None:
+        args.start_timeout = int(os.environ.get("HOROVOD_START_TIMEOUT") or
+                                 DEFAULT_START_TIMEOUT_S)
+    return args
+
+
+def run_elastic(args: argparse.Namespace) -> int:
+    """Run an elastic job under the ElasticDriver."""
+    from horovod_torch.runner.elastic_driver import ElasticDriver, ElasticOptions
+    if not _command_exists(args.command[0]):
+        driver.log(f"command not found: {args.command[0]}")
+        return 127
+    secret = secrets.token_hex(16)
+    try:
+        server = _start_store(secret)
+    except Exception as exc:  # pylint: disable=broad-except
+        driver.log(f"failed to start the rendezvous store: {exc}")
+        return 1
+    port = int(server.port())
+
+    def env_for(worker_id: str, host: str, index: int) -> Dict[str, str]:
+        slot = hosts.SlotInfo(host, 0, 0, 0, 1, 1, 1)
+        env = _worker_env(slot, args, port, secret)
+        for k in ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
+                  "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE"):
+            env.pop(k, None)
+        env.update({"HOROVOD_ELASTIC": "1", "HOROVOD_ELASTIC_WORKER_ID": worker_id,
+                    "HOROVOD_ELASTIC_TIMEOUT": str(args.elastic_timeout),
+                    "HOROVOD_ELASTIC_RESET_LIMIT": str(args.reset_limit)})
+        return env
+
+    opts = ElasticOptions(num_proc=args.num_proc, min_np=args.min_np, max_np=args.max_np,
+                          discovery_script=args.discovery, slots=args.slots,
+                          reset_limit=args.reset_limit,
+                          cooldown=tuple(args.cooldown) if args.cooldown else None,
+                          elastic_timeout=args.elastic_timeout, verbose=args.verbose)
+    try:
+        return ElasticDriver(opts, server, args.command, env_for,
+                             driver.OutputForwarder(sys.stdout.buffer,
+                                                    prefix=not args.disable_prefix)).run()
+    finally:
+        server.stop()
 
 
 def check_build() -> int:
@@ -210,6 +290,8 @@ def run(args: argparse.Namespace) -> int:
     """
     if args.check_build:
         return check_build()
+    if args.discovery:
+        return run_elastic(args)
     return run_static(args)
 
 

@@ -1,0 +1,61 @@
+"""Elastic training: ``@hvd.elastic.run`` retries the training function across
+failures and host changes, with state kept in ``hvd.elastic.TorchState``."""
+import functools
+import os
+import sys
+
+from horovod_torch import basics
+from horovod_torch.elastic.sampler import ElasticSampler
+from horovod_torch.elastic.state import ObjectState, State, TorchState
+from horovod_torch.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+
+__all__ = ["run", "State", "ObjectState", "TorchState", "ElasticSampler"]
+
+
+def _reset() -> None:
+    basics.shutdown()
+    basics.init()
+
+
+def run(func):
+    """Decorator: ``func(state, ...)`` runs until it returns.
+
+    On HorovodInternalError (a peer died) the last committed state is restored; on
+    HostsUpdatedInterrupt it is kept. Either way the job re-forms against the new set
+    of workers and rank 0's state is broadcast (skipped when hosts were only removed).
+    HOROVOD_ELASTIC_RESET_LIMIT bounds the number of resets.
+    """
+    @functools.wraps(func)
+    def wrapper(state: State, *args, **kwargs):
+        limit = int(os.environ.get("HOROVOD_ELASTIC_RESET_LIMIT", "0") or 0)
+        resets = 0
+        reset_required = False
+        skip_sync = False
+        while True:
+            try:
+                if reset_required:
+                    _reset()
+                    state.on_reset()
+                if not skip_sync:
+                    state.sync()
+                return func(state, *args, **kwargs)
+            except HorovodInternalError as e:
+                print(f"horovod_torch: rank {_safe_rank()} lost a peer ({e}); restoring the "
+                      "last commit and re-forming the job", file=sys.stderr, flush=True)
+                state.restore()
+                skip_sync = False
+            except HostsUpdatedInterrupt as e:
+                skip_sync = e.skip_sync
+            reset_required = True
+            resets += 1
+            if limit and resets > limit:
+                raise RuntimeError(f"the job was reset {resets} times, more than the reset "
+                                   f"limit {limit} (--reset-limit); giving up")
+    return wrapper
+
+
+def _safe_rank():
+    try:
+        return basics.rank()
+    except ValueError:
+        return "?"

@@ -1,0 +1,291 @@
+"""The elastic driver: keeps a job running while workers fail and hosts come and go.
+
+Every second it runs the host-discovery script (``host:slots`` lines). Hosts that
+resolve to this machine are started locally, so several "hosts" can be tested on
+one machine. On any change (a worker failed, a host appeared or vanished) it forms a
+new *generation*: an ordered list of workers with ranks, written to the store under
+``elastic/`` (protocol: horovod_torch/elastic/worker.py). Survivors keep their
+relative order, so the new rank 0 is an old worker holding the training state.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from horovod_torch.runner import driver, hosts
+
+POLL_S = 0.1
+DISCOVERY_PERIOD_S = 1.0
+REMOVED_GRACE_S = 30.0
+
+
+@dataclass
+class _Worker:
+    worker_id: str
+    host: str
+    proc: "subprocess.Popen[bytes]"
+    reader: threading.Thread
+    rank: int = -1
+    removed_at: Optional[float] = None
+    done: bool = False
+
+
+@dataclass
+class ElasticOptions:
+    num_proc: int
+    min_np: int
+    max_np: int
+    discovery_script: str
+    slots: int = 1
+    reset_limit: int = 0
+    cooldown: Optional[Tuple[float, float]] = None
+    elastic_timeout: float = 600.0
+    verbose: bool = False
+
+
+def parse_discovery(output: str, default_slots: int) -> Dict[str, int]:
+    """``host[:slots]`` per line, in order; blank lines and # comments ignored."""
+    found: Dict[str, int] = {}
+    for line in output.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, _, slots = line.partition(":")
+        found[name] = int(slots) if slots else default_slots
+        if found[name] < 1:
+            raise ValueError(f"host {name!r} offers {found[name]} slots")
+    return found
+
+
+class ElasticDriver:
+    def __init__(self, opts: ElasticOptions, store, command: Sequence[str],
+                 env_for: Callable[[str, str, int], Dict[str, str]],
+                 forwarder: driver.OutputForwarder) -> None:
+        self._o = opts
+        self._store = store
+        self._command = list(command)
+        self._env_for = env_for
+        self._forwarder = forwarder
+        self._spawner = driver.LocalSpawner()
+        self._workers: Dict[str, _Worker] = {}
+        self._hosts: Dict[str, int] = {}
+        self._blacklist: Dict[str, float] = {}  # host -> time it may be used again
+        self._ids = itertools.count()
+        self._gen = -1
+        self._resets = 0
+        self._signal: Optional[int] = None
+
+    # -- discovery ---------------------------------------------------------------
+
+    def _discover(self) -> Optional[Dict[str, int]]:
+        try:
+            out = subprocess.run([self._o.discovery_script], capture_output=True, text=True,
+                                 timeout=30)
+            if out.returncode != 0:
+                driver.log(f"host discovery script exited with {out.returncode}: "
+                           f"{out.stderr.strip()[:200]}")
+                return None
+            found = parse_discovery(out.stdout, self._o.slots)
+        except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
+            driver.log(f"host discovery failed: {exc}")
+            return None
+        remote = [h for h in found if not hosts.is_local_host(h) and not h.startswith("127.")]
+        if remote:
+            driver.log(f"ignoring remote hosts (ssh is not supported yet): {','.join(remote)}")
+            for h in remote:
+                del found[h]
+        return found
+
+    def _usable(self, host: str) -> bool:
+        return self._blacklist.get(host, 0.0) <= time.monotonic()
+
+    def _live(self) -> List[_Worker]:
+        return [w for w in self._workers.values() if w.removed_at is None and not w.done]
+
+    def _free_slots(self) -> List[str]:
+        """One entry per free slot on usable hosts, in discovery order."""
+        used: Dict[str, int] = {}
+        for w in self._workers.values():
+            if w.removed_at is None and w.proc.poll() is None:
+                used[w.host] = used.get(w.host, 0) + 1
+        free = []
+        for h, slots in self._hosts.items():
+            if self._usable(h):
+                free += [h] * max(0, slots - used.get(h, 0))
+        return free
+
+    # -- generations -------------------------------------------------------------
+
+    def _spawn(self, host: str) -> _Worker:
+        wid = f"{host}/{next(self._ids)}"
+        env = self._env_for(wid, host, len(self._workers))
+        slot = hosts.SlotInfo(host, len(self._workers), 0, 0, 0, 0, 0)
+        proc = self._spawner.spawn(slot, self._command, env)
+        reader = threading.Thread(target=self._forwarder.pump,
+                                  args=(len(self._workers), proc.stdout), daemon=True)
+        reader.start()
+        w = _Worker(wid, host, proc, reader)
+        self._workers[wid] = w
+        return w
+
+    def _publish(self, added: bool) -> None:
+        """Writes a new generation: survivors first (old rank order), then new ones."""
+        live = sorted(self._live(), key=lambda w: (w.rank < 0, w.rank, w.worker_id))
+        self._gen += 1
+        per_host: Dict[str, List[_Worker]] = {}
+        for w in live:
+            per_host.setdefault(w.host, []).append(w)
+        host_order = list(per_host)
+        for rank, w in enumerate(live):
+            local = per_host[w.host]
+            lrank = local.index(w)
+            cross = [h for h in host_order if len(per_host[h]) > lrank]
+            w.rank = rank
+            value = f"{rank},{len(live)},{lrank},{len(local)},{cross.index(w.host)},{len(cross)}"
+            self._store.set(f"elastic/{self._gen}/assign/{w.worker_id}", value.encode())
+        self._store.set(f"elastic/{self._gen}/added", b"1" if added else b"0")
+        self._store.set("elastic/gen", str(self._gen).encode())
+        if self._o.verbose or self._gen > 0:
+            driver.log(f"generation {self._gen}: {len(live)} workers on "
+                       f"{', '.join(f'{h}:{len(ws)}' for h, ws in per_host.items())}")
+
+    def _grow(self, limit: int) -> bool:
+        """Starts workers on free slots up to `limit` live workers; True if any."""
+        started = False
+        for host in self._free_slots():
+            if len(self._live()) >= limit:
+                break
+            self._spawn(host)
+            started = True
+        return started
+
+    # -- main loop ---------------------------------------------------------------
+
+    def run(self) -> int:
+        with self._forwarding_signals():
+            try:
+                return self._run()
+            finally:
+                self._kill_all()
+
+    def _run(self) -> int:
+        deadline = time.monotonic() + self._o.elastic_timeout
+        while True:
+            found = self._discover()
+            if found is not None:
+                self._hosts = found
+            if sum(self._hosts.values()) >= self._o.min_np:
+                break
+            if time.monotonic() > deadline or self._signal:
+                driver.log(f"only {sum(self._hosts.values())} slots were discovered, fewer than "
+                           f"--min-np {self._o.min_np}, within --elastic-timeout")
+                return 1
+            time.sleep(DISCOVERY_PERIOD_S)
+        self._grow(self._o.num_proc)
+        self._publish(added=True)
+        next_discovery = time.monotonic() + DISCOVERY_PERIOD_S
+        waiting_since: Optional[float] = None
+        while True:
+            if self._signal:
+                return 128 + self._signal
+            time.sleep(POLL_S)
+            changed, added = False, False
+            for w in list(self._workers.values()):
+                rc = w.proc.poll()
+                if rc is None or w.done:
+                    continue
+                if w.removed_at is not None:
+                    del self._workers[w.worker_id]
+                    continue
+                if rc == 0:
+                    w.done = True
+                    continue
+                driver.log(f"worker {w.worker_id} (rank {w.rank}) exited with code "
+                           f"{driver.exit_code(rc)}; re-forming the job without it")
+                del self._workers[w.worker_id]
+                self._blacklist_host(w.host)
+                changed = True
+                self._resets += 1
+            finished = [w for w in self._workers.values() if w.done]
+            if finished and not self._live():
+                return 0
+            if self._o.reset_limit and self._resets > self._o.reset_limit:
+                driver.log(f"the job was reset {self._resets} times, more than --reset-limit "
+                           f"{self._o.reset_limit}; stopping")
+                return 1
+            if time.monotonic() >= next_discovery and not finished:
+                next_discovery = time.monotonic() + DISCOVERY_PERIOD_S
+                found = self._discover()
+                if found is not None and found != self._hosts:
+                    self._hosts = found
+                    for w in self._live():
+                        if w.host not in found:
+                            w.removed_at = time.monotonic()
+                            changed = True
+                if len(self._live()) < self._o.max_np and self._grow(self._o.max_np):
+                    changed = added = True
+            if changed and not finished:
+                if len(self._live()) < self._o.min_np:
+                    self._grow(self._o.max_np)
+                if len(self._live()) < self._o.min_np:
+                    waiting_since = waiting_since or time.monotonic()
+                    if time.monotonic() - waiting_since > self._o.elastic_timeout:
+                        driver.log(f"fewer than --min-np {self._o.min_np} workers for "
+                                   f"{self._o.elastic_timeout:.0f} s; stopping")
+                        return 1
+                    continue  # keep `changed` pending until enough workers exist
+                waiting_since = None
+                self._publish(added=added or any(w.rank < 0 for w in self._live()))
+            self._reap_removed()
+
+    def _blacklist_host(self, host: str) -> None:
+        if self._o.cooldown:
+            lo, hi = self._o.cooldown
+            self._blacklist[host] = time.monotonic() + random.uniform(lo, hi)
+        else:
+            self._blacklist[host] = float("inf")
+
+    def _reap_removed(self) -> None:
+        now = time.monotonic()
+        for w in self._workers.values():
+            if w.removed_at is not None and now - w.removed_at > REMOVED_GRACE_S:
+                with_suppress_kill(w.proc)
+
+    def _kill_all(self) -> None:
+        for w in self._workers.values():
+            with_suppress_kill(w.proc, signal.SIGTERM)
+        end = time.monotonic() + driver.GRACE_PERIOD_S
+        while time.monotonic() < end and any(w.proc.poll() is None
+                                             for w in self._workers.values()):
+            time.sleep(0.05)
+        for w in self._workers.values():
+            with_suppress_kill(w.proc)
+        for w in self._workers.values():
+            w.reader.join(timeout=driver.READER_JOIN_TIMEOUT_S)
+
+    @contextlib.contextmanager
+    def _forwarding_signals(self):
+        """SIGINT/SIGTERM/SIGHUP end the job: the loop returns, workers are stopped."""
+        def handler(signum, _frame):
+            self._signal = signum
+        old = {s: signal.signal(s, handler) for s in driver.FORWARDED_SIGNALS}
+        try:
+            yield
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+
+def with_suppress_kill(proc: "subprocess.Popen[bytes]", signum: int = signal.SIGKILL) -> None:
+    """Signals the worker's process group if it is still running."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signum)

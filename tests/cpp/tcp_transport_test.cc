@@ -1,0 +1,610 @@
+// transport/tcp_transport: every collective with 1..4 ranks as threads, compared
+// against a scalar reference; results bitwise identical on all ranks.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <sstream>
+
+#include "common/types.h"
+#include "test_util.h"
+#include "transport/tcp_transport.h"
+
+namespace hvd {
+namespace {
+
+using hvd_test::MakeWorld;
+using hvd_test::RunRanks;
+using hvd_test::Watchdog;
+using hvd_test::World;
+
+// ---------------------------------------------------------------------------
+// Element access through double (exact for every value the tests generate).
+
+double Load(DataType dt, const void* p, size_t i) {
+  switch (dt) {
+    case DataType::kUInt8: return static_cast<const uint8_t*>(p)[i];
+    case DataType::kInt8: return static_cast<const int8_t*>(p)[i];
+    case DataType::kInt16: return static_cast<const int16_t*>(p)[i];
+    case DataType::kInt32: return static_cast<const int32_t*>(p)[i];
+    case DataType::kInt64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case DataType::kFloat16: return HalfToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DataType::kBFloat16: return BFloat16ToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DataType::kFloat32: return static_cast<const float*>(p)[i];
+    case DataType::kFloat64: return static_cast<const double*>(p)[i];
+    case DataType::kBool: return static_cast<const uint8_t*>(p)[i] ? 1 : 0;
+  }
+  return 0;
+}
+
+void Store(DataType dt, void* p, size_t i, double v) {
+  switch (dt) {
+    case DataType::kUInt8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
+    case DataType::kInt8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v); break;
+    case DataType::kInt16: static_cast<int16_t*>(p)[i] = static_cast<int16_t>(v); break;
+    case DataType::kInt32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
+    case DataType::kInt64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
+    case DataType::kFloat16: static_cast<uint16_t*>(p)[i] = FloatToHalf(static_cast<float>(v)); break;
+    case DataType::kBFloat16:
+      static_cast<uint16_t*>(p)[i] = FloatToBFloat16(static_cast<float>(v));
+      break;
+    case DataType::kFloat32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
+    case DataType::kFloat64: static_cast<double*>(p)[i] = v; break;
+    case DataType::kBool: static_cast<uint8_t*>(p)[i] = v != 0; break;
+  }
+}
+
+uint64_t Mix(uint64_t a, uint64_t b, uint64_t c) {
+  uint64_t h = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull) * 0xC2B2AE3D27D4EB4Full;
+  h ^= (c + 0x165667B19E3779F9ull) * 0x27D4EB2F165667C5ull;
+  h ^= h >> 29;
+  h *= 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 32;
+  return h;
+}
+
+// Input values chosen so that every reduction of up to 4 ranks is exact in the
+// type, whatever the order: the reference can then be compared bit for bit.
+double Gen(DataType dt, ReduceOp op, int rank, size_t i, uint64_t seed) {
+  uint64_t h = Mix(seed, static_cast<uint64_t>(rank), i);
+  auto range = [&](int64_t lo, int64_t hi) {
+    return static_cast<double>(lo + static_cast<int64_t>(h % static_cast<uint64_t>(hi - lo + 1)));
+  };
+  if (dt == DataType::kBool) return static_cast<double>((h >> 7) % 4 != 0);
+  if (op == ReduceOp::kSum) {
+    switch (dt) {
+      case DataType::kUInt8: return range(0, 60);
+      case DataType::kInt8: return range(-30, 30);
+      case DataType::kFloat16:
+      case DataType::kBFloat16: return range(-30, 30);
+      default: return range(-1000, 1000);
+    }
+  }
+  if (op == ReduceOp::kProduct) {
+    static const double kSigned[] = {-2, -1, 1, 2};
+    static const double kHalf[] = {-2, -1, -0.5, 0.5, 1, 2};
+    static const double kUnsigned[] = {1, 2, 3};
+    if (dt == DataType::kUInt8) return kUnsigned[h % 3];
+    if (IsFloatingPoint(dt)) return kHalf[h % 6];
+    return kSigned[h % 4];
+  }
+  // Min / Max: wide values, any order gives the same answer (no -0: min(-0, +0)
+  // depends on the operand order, which differs between ring segments).
+  double v = 0;
+  switch (dt) {
+    case DataType::kUInt8: v = range(0, 255); break;
+    case DataType::kInt8: v = range(-128, 127); break;
+    case DataType::kInt16: v = range(-32768, 32767); break;
+    case DataType::kInt32: v = range(-1000000000, 1000000000); break;
+    case DataType::kInt64: v = range(-(1LL << 50), 1LL << 50); break;
+    case DataType::kFloat16: {
+      uint16_t b = static_cast<uint16_t>(h);
+      if ((b & 0x7c00) == 0x7c00) b &= 0xbfff;  // no inf/nan
+      v = HalfToFloat(b);
+      break;
+    }
+    case DataType::kBFloat16: {
+      uint16_t b = static_cast<uint16_t>(h);
+      if ((b & 0x7f80) == 0x7f80) b &= 0xbfff;
+      v = BFloat16ToFloat(b);
+      break;
+    }
+    case DataType::kFloat32: v = range(-100000, 100000) / 8.0; break;
+    default: v = range(-(1LL << 40), 1LL << 40) / 1024.0; break;
+  }
+  return v == 0 ? 0.0 : v;
+}
+
+double Combine(DataType dt, ReduceOp op, double a, double b) {
+  if (dt == DataType::kBool) {
+    bool is_or = op == ReduceOp::kSum || op == ReduceOp::kMax;
+    return is_or ? (a != 0 || b != 0) : (a != 0 && b != 0);
+  }
+  switch (op) {
+    case ReduceOp::kSum: return a + b;
+    case ReduceOp::kProduct: return a * b;
+    case ReduceOp::kMin: return b < a ? b : a;
+    case ReduceOp::kMax: return a < b ? b : a;
+    default: return 0;
+  }
+}
+
+std::vector<char> MakeInput(DataType dt, ReduceOp op, int rank, size_t count, uint64_t seed) {
+  std::vector<char> v(count * DataTypeSize(dt) + 1);  // +1: never a null data()
+  for (size_t i = 0; i < count; ++i) Store(dt, v.data(), i, Gen(dt, op, rank, i, seed));
+  return v;
+}
+
+// Reference reduction over ranks of elements [begin, begin+count).
+std::vector<char> Reference(DataType dt, ReduceOp op, int size, size_t begin, size_t count,
+                            uint64_t seed) {
+  std::vector<char> v(count * DataTypeSize(dt) + 1);
+  for (size_t i = 0; i < count; ++i) {
+    double acc = Gen(dt, op, 0, begin + i, seed);
+    for (int r = 1; r < size; ++r) acc = Combine(dt, op, acc, Gen(dt, op, r, begin + i, seed));
+    Store(dt, v.data(), i, acc);
+  }
+  return v;
+}
+
+// First differing element, formatted; "" if equal.
+std::string Diff(DataType dt, const char* got, const char* want, size_t count) {
+  size_t es = DataTypeSize(dt);
+  for (size_t i = 0; i < count; ++i) {
+    if (std::memcmp(got + i * es, want + i * es, es) != 0) {
+      std::ostringstream os;
+      os << "element " << i << " of " << count << ": got " << Load(dt, got, i) << " want "
+         << Load(dt, want, i);
+      return os.str();
+    }
+  }
+  return "";
+}
+
+uint64_t Fnv(const void* p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
+  return h;
+}
+
+const DataType kAllTypes[] = {DataType::kUInt8,   DataType::kInt8,     DataType::kInt16,
+                              DataType::kInt32,   DataType::kInt64,    DataType::kFloat16,
+                              DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64,
+                              DataType::kBool};
+const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct};
+
+struct Case {
+  DataType dtype;
+  ReduceOp op;
+  size_t count;
+  std::string Name() const {
+    return std::string(DataTypeName(dtype)) + "/" + ReduceOpName(op) + "/" + std::to_string(count);
+  }
+};
+
+// Every rank runs `cases` in order on its transport; each checks its result
+// against the reference; all ranks' results must hash identically.
+void RunAllreduceCases(World& w, const std::vector<Case>& cases, uint64_t seed) {
+  const int n = w.size();
+  std::vector<std::vector<std::string>> errors(n);
+  std::vector<std::vector<uint64_t>> hashes(n, std::vector<uint64_t>(cases.size()));
+  RunRanks(n, [&](int r) {
+    for (size_t c = 0; c < cases.size(); ++c) {
+      const Case& k = cases[c];
+      std::vector<char> buf = MakeInput(k.dtype, k.op, r, k.count, seed + c);
+      Status st = w.transports[r]->Allreduce(buf.data(), k.count, k.dtype, k.op);
+      if (!st.ok()) {
+        errors[r].push_back(k.Name() + ": " + st.message());
+        return;  // the transport is unusable after an error
+      }
+      std::vector<char> want = Reference(k.dtype, k.op, n, 0, k.count, seed + c);
+      std::string d = Diff(k.dtype, buf.data(), want.data(), k.count);
+      if (!d.empty()) errors[r].push_back(k.Name() + " rank " + std::to_string(r) + ": " + d);
+      hashes[r][c] = Fnv(buf.data(), k.count * DataTypeSize(k.dtype));
+    }
+  });
+  for (int r = 0; r < n; ++r) {
+    for (size_t i = 0; i < errors[r].size() && i < 10; ++i) ADD_FAILURE() << errors[r][i];
+  }
+  for (int r = 1; r < n; ++r) {
+    for (size_t c = 0; c < cases.size(); ++c) {
+      EXPECT_EQ(hashes[r][c], hashes[0][c]) << cases[c].Name() << ": rank " << r
+                                            << " differs from rank 0";
+    }
+  }
+}
+
+class TcpCollectives : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    Status st = MakeWorld(GetParam(), hvd_test::FastOptions(), &world_);
+    ASSERT_TRUE(st.ok()) << st.message();
+  }
+  World world_;
+};
+
+TEST_P(TcpCollectives, AllreduceEveryTypeAndOp) {
+  Watchdog wd(60, "AllreduceEveryTypeAndOp");
+  const int n = GetParam();
+  std::vector<Case> cases;
+  for (DataType dt : kAllTypes) {
+    for (ReduceOp op : kOps) {
+      // 1 and n-1 elements (fewer than ranks), odd sizes, around the 64 KB
+      // direct/ring switch for 4-byte types, and > 64 KB / > one ring chunk.
+      for (size_t count : {size_t{1}, size_t(std::max(1, n - 1)), size_t{7}, size_t{1000},
+                           size_t{16384}, size_t{16385}}) {
+        cases.push_back({dt, op, count});
+      }
+    }
+  }
+  for (DataType dt : {DataType::kFloat32, DataType::kInt32, DataType::kFloat16}) {
+    for (ReduceOp op : kOps) cases.push_back({dt, op, 100003});  // 2 ring chunks per segment
+  }
+  for (DataType dt : kAllTypes) cases.push_back({dt, ReduceOp::kMax, 150001});
+  RunAllreduceCases(world_, cases, 1000);
+}
+
+// Arbitrary floats: results depend on the reduction order, so only cross-rank
+// identity can be checked for the ring; the direct path reduces in rank order.
+TEST_P(TcpCollectives, AllreduceRandomFloatsBitwiseIdentical) {
+  Watchdog wd(60, "AllreduceRandomFloatsBitwiseIdentical");
+  const int n = GetParam();
+  std::vector<size_t> counts = {5, 3000, 70001};
+  std::vector<std::vector<uint64_t>> hashes(n);
+  std::vector<std::string> errors(n);
+  auto input = [](int r, size_t count, DataType dt) {
+    std::mt19937 rng(17 + r);
+    std::uniform_real_distribution<float> dist(-1, 1);
+    std::vector<char> v(count * DataTypeSize(dt) + 1);
+    for (size_t i = 0; i < count; ++i) {
+      float f = dist(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 20) - 10);
+      Store(dt, v.data(), i, f);
+    }
+    return v;
+  };
+  RunRanks(n, [&](int r) {
+    for (DataType dt : {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16}) {
+      for (size_t count : counts) {
+        std::vector<char> buf = input(r, count, dt);
+        Status st = world_.transports[r]->Allreduce(buf.data(), count, dt, ReduceOp::kSum);
+        if (!st.ok()) {
+          errors[r] = st.message();
+          return;
+        }
+        hashes[r].push_back(Fnv(buf.data(), count * DataTypeSize(dt)));
+        if (count * DataTypeSize(dt) <= 64 * 1024) {  // direct path: rank-order fold
+          std::vector<char> want = input(0, count, dt);
+          for (int p = 1; p < n; ++p) {
+            std::vector<char> other = input(p, count, dt);
+            ReduceInto(want.data(), other.data(), count, dt, ReduceOp::kSum);
+          }
+          std::string d = Diff(dt, buf.data(), want.data(), count);
+          if (!d.empty()) errors[r] += std::string(DataTypeName(dt)) + ": " + d + "; ";
+        }
+      }
+    }
+  });
+  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  for (int r = 1; r < n; ++r) EXPECT_EQ(hashes[r], hashes[0]) << "rank " << r;
+}
+
+TEST_P(TcpCollectives, AllreduceZeroCountIsANoOp) {
+  const int n = GetParam();
+  std::vector<Status> st(n);
+  RunRanks(n, [&](int r) {
+    float x = 42;
+    st[r] = world_.transports[r]->Allreduce(&x, 0, DataType::kFloat32, ReduceOp::kSum);
+    if (st[r].ok() && x != 42) st[r] = Status::Aborted("buffer modified");
+  });
+  for (auto& s : st) HVD_EXPECT_OK(s);
+}
+
+std::vector<char> Block(int rank, size_t bytes, int salt) {
+  std::vector<char> v(bytes + 1);
+  for (size_t i = 0; i < bytes; ++i) v[i] = static_cast<char>(Mix(rank, i, salt) >> 11);
+  return v;
+}
+
+TEST_P(TcpCollectives, AllgathervUnequalSizes) {
+  Watchdog wd(60, "AllgathervUnequalSizes");
+  const int n = GetParam();
+  std::vector<std::vector<size_t>> patterns = {
+      [&] { std::vector<size_t> b(n); for (int r = 0; r < n; ++r) b[r] = r == 1 ? 0 : 1000 * (r + 1) + r; return b; }(),
+      std::vector<size_t>(n, 0),
+      [&] { std::vector<size_t> b(n); const size_t s[] = {200003, 0, 70001, 5}; for (int r = 0; r < n; ++r) b[r] = s[r % 4]; return b; }(),
+      [&] { std::vector<size_t> b(n, 0); b[n - 1] = 12345; return b; }(),
+  };
+  std::vector<std::string> errors(n);
+  RunRanks(n, [&](int r) {
+    for (size_t k = 0; k < patterns.size(); ++k) {
+      const auto& bytes = patterns[k];
+      size_t total = std::accumulate(bytes.begin(), bytes.end(), size_t{0});
+      std::vector<char> send = Block(r, bytes[r], static_cast<int>(k));
+      std::vector<char> recv(total + 1, '\x5a');
+      Status st = world_.transports[r]->Allgatherv(send.data(), recv.data(), bytes);
+      if (!st.ok()) {
+        errors[r] = "pattern " + std::to_string(k) + ": " + st.message();
+        return;
+      }
+      size_t off = 0;
+      for (int p = 0; p < n; ++p) {
+        std::vector<char> want = Block(p, bytes[p], static_cast<int>(k));
+        if (std::memcmp(recv.data() + off, want.data(), bytes[p]) != 0) {
+          errors[r] += "pattern " + std::to_string(k) + ": block from rank " + std::to_string(p) +
+                       " wrong; ";
+        }
+        off += bytes[p];
+      }
+      if (recv[total] != '\x5a') errors[r] += "wrote past the end; ";
+    }
+  });
+  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+TEST_P(TcpCollectives, BroadcastFromEveryRoot) {
+  Watchdog wd(60, "BroadcastFromEveryRoot");
+  const int n = GetParam();
+  // 65536 = small_allreduce_bytes (direct); 65537 and 200003: scatter + ring allgather.
+  const size_t sizes[] = {0, 1, 1000, 65536, 65537, 200003};
+  std::vector<std::string> errors(n);
+  RunRanks(n, [&](int r) {
+    for (int root = 0; root < n; ++root) {
+      for (size_t bytes : sizes) {
+        std::vector<char> want = Block(root, bytes, 77);
+        std::vector<char> buf = r == root ? want : std::vector<char>(bytes + 1, '\x33');
+        Status st = world_.transports[r]->Broadcast(buf.data(), bytes, root);
+        if (!st.ok()) {
+          errors[r] = st.message();
+          return;
+        }
+        if (std::memcmp(buf.data(), want.data(), bytes) != 0) {
+          errors[r] += "root " + std::to_string(root) + " bytes " + std::to_string(bytes) + "; ";
+        }
+      }
+    }
+  });
+  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+TEST_P(TcpCollectives, AlltoallvUnevenSizes) {
+  Watchdog wd(60, "AlltoallvUnevenSizes");
+  const int n = GetParam();
+  // bytes rank s sends to rank d
+  auto amount = [](int s, int d, size_t scale) -> size_t {
+    return (((s * 3 + d * 5) % 4) * 1000 + (s + d) % 3) * scale;
+  };
+  std::vector<std::string> errors(n);
+  RunRanks(n, [&](int r) {
+    for (size_t scale : {size_t{1}, size_t{60}}) {
+      std::vector<size_t> send_bytes(n), recv_bytes(n);
+      for (int p = 0; p < n; ++p) {
+        send_bytes[p] = amount(r, p, scale);
+        recv_bytes[p] = amount(p, r, scale);
+      }
+      std::vector<char> send;
+      for (int p = 0; p < n; ++p) {
+        std::vector<char> b = Block(r * 16 + p, send_bytes[p], static_cast<int>(scale));
+        send.insert(send.end(), b.begin(), b.begin() + send_bytes[p]);
+      }
+      size_t total = std::accumulate(recv_bytes.begin(), recv_bytes.end(), size_t{0});
+      std::vector<char> recv(total + 1, '\x11');
+      send.push_back(0);
+      Status st = world_.transports[r]->Alltoallv(send.data(), send_bytes, recv.data(), recv_bytes);
+      if (!st.ok()) {
+        errors[r] = st.message();
+        return;
+      }
+      size_t off = 0;
+      for (int p = 0; p < n; ++p) {
+        std::vector<char> want = Block(p * 16 + r, recv_bytes[p], static_cast<int>(scale));
+        if (std::memcmp(recv.data() + off, want.data(), recv_bytes[p]) != 0) {
+          errors[r] += "scale " + std::to_string(scale) + " from rank " + std::to_string(p) + "; ";
+        }
+        off += recv_bytes[p];
+      }
+      if (recv[total] != '\x11') errors[r] += "wrote past the end; ";
+    }
+  });
+  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+void RunReducescatter(World& w, DataType dt, ReduceOp op, const std::vector<size_t>& counts,
+                      uint64_t seed) {
+  const int n = w.size();
+  size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  std::vector<size_t> begin(n, 0);
+  for (int r = 1; r < n; ++r) begin[r] = begin[r - 1] + counts[r - 1];
+  std::vector<std::string> errors(n);
+  std::vector<uint64_t> hashes(n);
+  RunRanks(n, [&](int r) {
+    std::vector<char> buf = MakeInput(dt, op, r, total, seed);
+    std::vector<char> out(counts[r] * DataTypeSize(dt) + 1, '\x77');
+    Status st = w.transports[r]->Reducescatter(buf.data(), counts, dt, op, out.data());
+    if (!st.ok()) {
+      errors[r] = st.message();
+      return;
+    }
+    std::vector<char> want = Reference(dt, op, n, begin[r], counts[r], seed);
+    errors[r] = Diff(dt, out.data(), want.data(), counts[r]);
+    if (out[counts[r] * DataTypeSize(dt)] != '\x77') errors[r] += " wrote past the end";
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(errors[r], "") << DataTypeName(dt) << " " << ReduceOpName(op) << " total " << total
+                             << " rank " << r;
+  }
+}
+
+TEST_P(TcpCollectives, ReducescatterUnevenCounts) {
+  Watchdog wd(60, "ReducescatterUnevenCounts");
+  const int n = GetParam();
+  std::vector<size_t> small(n), large(n), one_owner(n, 0);
+  for (int r = 0; r < n; ++r) {
+    small[r] = r == 1 ? 0 : 10 + 3 * r;
+    large[r] = r == 2 ? 0 : 40000 + 7 * r;  // > 64 KB in total: ring path
+  }
+  one_owner[0] = 30001;
+  for (DataType dt : {DataType::kFloat32, DataType::kInt32, DataType::kFloat16,
+                      DataType::kFloat64, DataType::kUInt8}) {
+    for (ReduceOp op : kOps) {
+      RunReducescatter(world_, dt, op, small, 10);
+      RunReducescatter(world_, dt, op, large, 11);
+    }
+  }
+  RunReducescatter(world_, DataType::kFloat32, ReduceOp::kSum, one_owner, 12);
+  RunReducescatter(world_, DataType::kFloat32, ReduceOp::kSum, std::vector<size_t>(n, 0), 13);
+}
+
+TEST_P(TcpCollectives, GatherAndBcastControlPlane) {
+  Watchdog wd(30, "GatherAndBcastControlPlane");
+  const int n = GetParam();
+  auto msg = [](int r, int round) {
+    if (round == 1) return std::string();  // empty messages
+    std::string s = "rank " + std::to_string(r) + " round " + std::to_string(round) + ":";
+    s += std::string(round == 2 ? 200000 + r : 100 * r, static_cast<char>('a' + r));
+    return s;
+  };
+  std::vector<std::string> errors(n);
+  RunRanks(n, [&](int r) {
+    for (int round = 0; round < 3; ++round) {
+      std::vector<std::string> all = {"stale"};
+      Status st = world_.transports[r]->Gather(msg(r, round), &all);
+      if (!st.ok()) {
+        errors[r] = st.message();
+        return;
+      }
+      if (r == 0) {
+        if (static_cast<int>(all.size()) != n) {
+          errors[r] += "gathered " + std::to_string(all.size()) + " messages; ";
+        } else {
+          for (int p = 0; p < n; ++p) {
+            if (all[p] != msg(p, round)) errors[r] += "message of rank " + std::to_string(p) + "; ";
+          }
+        }
+      }
+      std::string data = r == 0 ? "from the coordinator " + std::to_string(round) +
+                                      std::string(round * 70000, 'q')
+                                : "garbage that must be replaced";
+      st = world_.transports[r]->Bcast(&data);
+      if (!st.ok()) {
+        errors[r] = st.message();
+        return;
+      }
+      if (data != "from the coordinator " + std::to_string(round) + std::string(round * 70000, 'q')) {
+        errors[r] += "bcast round " + std::to_string(round) + "; ";
+      }
+    }
+  });
+  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, TcpCollectives, ::testing::Values(1, 2, 3, 4),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return std::to_string(i.param) + "ranks";
+                         });
+
+// Tiny thresholds: ring paths with single-element chunks, segments of 0 or 1
+// element, scatter-broadcast of a few bytes over more ranks than bytes.
+class TcpEdgeOptions : public ::testing::TestWithParam<int> {};
+
+TEST_P(TcpEdgeOptions, TinyThresholds) {
+  Watchdog wd(60, "TinyThresholds");
+  const int n = GetParam();
+  hvd::TcpOptions opt = hvd_test::FastOptions();
+  opt.small_allreduce_bytes = 0;
+  opt.ring_chunk_bytes = 1;
+  World w;
+  Status st = MakeWorld(n, opt, &w);
+  ASSERT_TRUE(st.ok()) << st.message();
+  std::vector<Case> cases;
+  for (size_t count = 1; count <= static_cast<size_t>(2 * n + 1); ++count) {
+    cases.push_back({DataType::kFloat32, ReduceOp::kSum, count});
+    cases.push_back({DataType::kInt64, ReduceOp::kMin, count});
+    cases.push_back({DataType::kFloat16, ReduceOp::kProduct, count});
+  }
+  cases.push_back({DataType::kInt32, ReduceOp::kMax, 1001});
+  RunAllreduceCases(w, cases, 5);
+
+  std::vector<std::string> errors(n);
+  RunRanks(n, [&](int r) {
+    for (int root = 0; root < n; ++root) {
+      for (size_t bytes = 1; bytes <= 9; ++bytes) {
+        std::vector<char> want = Block(root, bytes, 3);
+        std::vector<char> buf = r == root ? want : std::vector<char>(bytes + 1, 0);
+        Status s = w.transports[r]->Broadcast(buf.data(), bytes, root);
+        if (!s.ok()) {
+          errors[r] = s.message();
+          return;
+        }
+        if (std::memcmp(buf.data(), want.data(), bytes) != 0) {
+          errors[r] += "bcast root " + std::to_string(root) + " bytes " + std::to_string(bytes) + "; ";
+        }
+      }
+    }
+  });
+  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  std::vector<size_t> counts(n);
+  for (int r = 0; r < n; ++r) counts[r] = r % 2;
+  RunReducescatter(w, DataType::kFloat32, ReduceOp::kSum, counts, 6);
+  for (int r = 0; r < n; ++r) counts[r] = 3 + r;
+  RunReducescatter(w, DataType::kInt16, ReduceOp::kProduct, counts, 7);
+}
+
+// Moderate thresholds: many chunks per ring segment with small buffers.
+TEST_P(TcpEdgeOptions, SmallChunks) {
+  Watchdog wd(60, "SmallChunks");
+  const int n = GetParam();
+  hvd::TcpOptions opt = hvd_test::FastOptions();
+  opt.small_allreduce_bytes = 1024;
+  opt.ring_chunk_bytes = 4096;
+  World w;
+  Status st = MakeWorld(n, opt, &w);
+  ASSERT_TRUE(st.ok()) << st.message();
+  std::vector<Case> cases;
+  for (DataType dt : {DataType::kFloat32, DataType::kFloat16, DataType::kInt32, DataType::kUInt8}) {
+    for (ReduceOp op : kOps) {
+      for (size_t count : {size_t{255}, size_t{300}, size_t{1001}, size_t{10007}}) {
+        cases.push_back({dt, op, count});
+      }
+    }
+  }
+  RunAllreduceCases(w, cases, 9);
+  std::vector<size_t> counts(n);
+  for (int r = 0; r < n; ++r) counts[r] = 2000 + 999 * r;
+  RunReducescatter(w, DataType::kFloat32, ReduceOp::kSum, counts, 8);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, TcpEdgeOptions, ::testing::Values(2, 3, 4),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return std::to_string(i.param) + "ranks";
+                         });
+
+TEST(TcpTransport, SizeOneNeedsNoStore) {
+  std::unique_ptr<TcpTransport> t;
+  HVD_ASSERT_OK(TcpTransport::Create(nullptr, "p", 0, 1, "s", TcpOptions(), &t));
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->rank(), 0);
+  EXPECT_EQ(t->size(), 1);
+  float x[3] = {1, 2, 3};
+  HVD_EXPECT_OK(t->Allreduce(x, 3, DataType::kFloat32, ReduceOp::kSum));
+  EXPECT_EQ(x[2], 3);
+  std::vector<std::string> all;
+  HVD_EXPECT_OK(t->Gather("me", &all));
+  EXPECT_EQ(all, std::vector<std::string>{"me"});
+  std::string d = "keep";
+  HVD_EXPECT_OK(t->Bcast(&d));
+  EXPECT_EQ(d, "keep");
+  float out[3] = {0, 0, 0};
+  HVD_EXPECT_OK(t->Reducescatter(x, {3}, DataType::kFloat32, ReduceOp::kSum, out));
+  EXPECT_EQ(out[1], 2);
+  char s[4] = "abc", r[4] = {0};
+  HVD_EXPECT_OK(t->Alltoallv(s, {3}, r, {3}));
+  EXPECT_STREQ(r, "abc");
+  char g[4] = {0};
+  HVD_EXPECT_OK(t->Allgatherv(s, g, {3}));
+  EXPECT_STREQ(g, "abc");
+  t->Abort();  // nothing to abort, must not crash
+}
+
+}  // namespace
+}  // namespace hvd
