@@ -193,11 +193,12 @@ class ElasticDriver:
         self._publish(added=True)
         next_discovery = time.monotonic() + DISCOVERY_PERIOD_S
         waiting_since: Optional[float] = None
+        # A change stays pending until enough workers exist to publish it.
+        changed, added = False, False
         while True:
             if self._signal:
                 return 128 + self._signal
             time.sleep(POLL_S)
-            changed, added = False, False
             for w in list(self._workers.values()):
                 rc = w.proc.poll()
                 if rc is None or w.done:
@@ -241,9 +242,10 @@ class ElasticDriver:
                         driver.log(f"fewer than --min-np {self._o.min_np} workers for "
                                    f"{self._o.elastic_timeout:.0f} s; stopping")
                         return 1
-                    continue  # keep `changed` pending until enough workers exist
+                    continue
                 waiting_since = None
                 self._publish(added=added or any(w.rank < 0 for w in self._live()))
+                changed, added = False, False
             self._reap_removed()
 
     def _blacklist_host(self, host: str) -> None:

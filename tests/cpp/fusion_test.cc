@@ -102,7 +102,9 @@ TEST(Fusion, BatchesCoverEveryIndexInOrder) {
       EXPECT_EQ(i, next++);
       bytes += ResponseBytes(rs[i]);
     }
-    if (batch.size() > 1) EXPECT_LE(bytes, 64);
+    if (batch.size() > 1) {
+      EXPECT_LE(bytes, 64);
+    }
   }
   EXPECT_EQ(next, rs.size());
 }

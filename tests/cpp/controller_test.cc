@@ -1,0 +1,554 @@
+// core/controller: negotiation over real TcpTransports (ranks as threads).
+// A spy ControlPlane decodes what each rank sends, to check when the response
+// cache replaces full requests with bits.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <numeric>
+#include <random>
+#include <set>
+
+#include "core/controller.h"
+#include "test_util.h"
+#include "wire/message.h"
+
+namespace hvd {
+namespace {
+
+using hvd_test::MakeWorld;
+using hvd_test::RunRanks;
+using hvd_test::Watchdog;
+using hvd_test::World;
+
+class SpyPlane : public ControlPlane {
+ public:
+  explicit SpyPlane(ControlPlane* inner) : inner_(inner) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  Status Gather(const std::string& mine, std::vector<std::string>* all) override {
+    RequestList l;
+    Status st = Decode(mine, &l);
+    EXPECT_TRUE(st.ok()) << st.message();
+    sent.push_back(l);
+    return inner_->Gather(mine, all);
+  }
+  Status Bcast(std::string* data) override { return inner_->Bcast(data); }
+  std::vector<RequestList> sent;  // one per Cycle, in order
+
+ private:
+  ControlPlane* inner_;
+};
+
+struct Ranks {
+  World world;
+  std::vector<std::unique_ptr<SpyPlane>> spies;
+  std::vector<std::unique_ptr<Controller>> ctrls;
+  int size() const { return world.size(); }
+};
+
+Status MakeRanks(int n, const std::vector<size_t>& capacities, Ranks* out,
+                 TcpOptions opt = hvd_test::FastOptions()) {
+  HVD_RETURN_IF_ERROR(MakeWorld(n, opt, &out->world));
+  for (int r = 0; r < n; ++r) {
+    out->spies.push_back(std::make_unique<SpyPlane>(out->world.transports[r].get()));
+    out->ctrls.push_back(std::make_unique<Controller>(out->spies[r].get(), capacities[r]));
+  }
+  return Status::Ok();
+}
+
+Request Req(const std::string& name, std::vector<int64_t> shape,
+            OpType type = OpType::kAllreduce) {
+  Request r;
+  r.name = name;
+  r.type = type;
+  r.shape = std::move(shape);
+  return r;
+}
+
+// schedule[rank][cycle]: requests that rank submits at the start of that cycle.
+using Schedule = std::vector<std::map<int, std::vector<Request>>>;
+
+struct RunLog {
+  std::vector<std::vector<std::vector<Response>>> responses;  // [rank][cycle]
+  std::vector<std::vector<bool>> shutdown;                     // [rank][cycle]
+  std::vector<Status> status;                                  // per rank
+  std::vector<size_t> first_sent;  // index of this run's first RequestList in spy->sent
+};
+
+RunLog RunCycles(Ranks& ranks, const Schedule& schedule, int cycles,
+                 const std::set<std::pair<int, int>>& shutdown_at = {}) {
+  const int n = ranks.size();
+  RunLog log;
+  log.responses.assign(n, {});
+  log.shutdown.assign(n, {});
+  log.status.assign(n, Status::Ok());
+  for (int r = 0; r < n; ++r) log.first_sent.push_back(ranks.spies[r]->sent.size());
+  RunRanks(n, [&](int r) {
+    for (int c = 0; c < cycles; ++c) {
+      std::vector<Request> fresh;
+      auto it = schedule[r].find(c);
+      if (it != schedule[r].end()) fresh = it->second;
+      for (auto& q : fresh) q.rank = r;
+      std::vector<Response> out;
+      bool shutdown = false;
+      Status st = ranks.ctrls[r]->Cycle(std::move(fresh), shutdown_at.count({r, c}) > 0, &out,
+                                        &shutdown);
+      if (!st.ok()) {
+        log.status[r] = st;
+        ranks.world.transports[r]->Abort();  // as Runtime::Loop does
+        return;
+      }
+      log.responses[r].push_back(out);
+      log.shutdown[r].push_back(shutdown);
+    }
+  });
+  return log;
+}
+
+std::string Canonical(const std::vector<Response>& rs) {
+  ResponseList l;
+  l.responses = rs;
+  return Encode(l);
+}
+
+std::vector<std::string> Names(const std::vector<Response>& rs) {
+  std::vector<std::string> v;
+  for (const auto& r : rs) v.push_back(r.name);
+  return v;
+}
+
+// Every rank ran every cycle and got the same ordered responses in each.
+void ExpectIdentical(const RunLog& log, int cycles) {
+  const int n = static_cast<int>(log.responses.size());
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(log.status[r].ok()) << "rank " << r << ": " << log.status[r].message();
+    ASSERT_EQ(static_cast<int>(log.responses[r].size()), cycles) << "rank " << r;
+  }
+  for (int c = 0; c < cycles; ++c) {
+    for (int r = 1; r < n; ++r) {
+      EXPECT_EQ(Canonical(log.responses[r][c]), Canonical(log.responses[0][c]))
+          << "cycle " << c << ": rank " << r << " got "
+          << ::testing::PrintToString(Names(log.responses[r][c])) << ", rank 0 got "
+          << ::testing::PrintToString(Names(log.responses[0][c]));
+    }
+  }
+}
+
+// name -> cycle it was released in (rank 0's view); fails on duplicates.
+std::map<std::string, int> ReleaseCycles(const RunLog& log) {
+  std::map<std::string, int> at;
+  for (size_t c = 0; c < log.responses[0].size(); ++c) {
+    for (const auto& resp : log.responses[0][c]) {
+      EXPECT_EQ(at.count(resp.name), 0u) << resp.name << " released twice";
+      at[resp.name] = static_cast<int>(c);
+    }
+  }
+  return at;
+}
+
+const Response* Find(const RunLog& log, int rank, const std::string& name) {
+  for (const auto& cyc : log.responses[rank]) {
+    for (const auto& r : cyc) {
+      if (r.name == name) return &r;
+    }
+  }
+  return nullptr;
+}
+
+size_t PopCount(const std::vector<uint64_t>& bits) {
+  size_t n = 0;
+  for (uint64_t w : bits) n += __builtin_popcountll(w);
+  return n;
+}
+
+TEST(ControllerMatch, ValidatesAndFillsResponse) {
+  auto reqs = [](int n, const Request& base) {
+    std::vector<Request> v(n, base);
+    for (int r = 0; r < n; ++r) v[r].rank = r;
+    return v;
+  };
+  Request base = Req("x", {4, 5});
+  base.dtype = DataType::kFloat16;
+  base.op = ReduceOp::kMax;
+  base.prescale = 2;
+  base.postscale = 0.5;
+  Response ok = Controller::Match(reqs(3, base), 3);
+  EXPECT_EQ(ok.error, "");
+  EXPECT_EQ(ok.name, "x");
+  EXPECT_EQ(ok.dtype, DataType::kFloat16);
+  EXPECT_EQ(ok.op, ReduceOp::kMax);
+  EXPECT_EQ(ok.prescale, 2);
+  EXPECT_EQ(ok.postscale, 0.5);
+  EXPECT_EQ(ok.shape, (std::vector<int64_t>{4, 5}));
+
+  struct Mut {
+    const char* what;
+    std::function<void(Request&)> f;
+    const char* expect;
+  };
+  std::vector<Mut> muts = {
+      {"type", [](Request& q) { q.type = OpType::kBroadcast; }, "Mismatched collective operations"},
+      {"dtype", [](Request& q) { q.dtype = DataType::kFloat32; }, "rank 1 has float32"},
+      {"op", [](Request& q) { q.op = ReduceOp::kSum; }, "Mismatched reduction ops"},
+      {"scale", [](Request& q) { q.prescale = 3; }, "Mismatched scale factors"},
+      {"root", [](Request& q) { q.root = 1; }, "Mismatched root ranks"},
+      {"group", [](Request& q) { q.group_id = 9; q.group_size = 2; }, "Mismatched groups"},
+      {"shape", [](Request& q) { q.shape = {4, 6}; }, "rank 0 has [4, 5], rank 1 has [4, 6]"},
+  };
+  for (const auto& m : muts) {
+    auto v = reqs(3, base);
+    m.f(v[1]);
+    Response r = Controller::Match(v, 3);
+    EXPECT_NE(r.error.find(m.expect), std::string::npos) << m.what << ": " << r.error;
+    EXPECT_NE(r.error.find("'x'"), std::string::npos) << r.error;
+  }
+
+  // Allgather: first dimensions may differ and are reported per rank.
+  Request ag = Req("g", {0, 3}, OpType::kAllgather);
+  auto v = reqs(3, ag);
+  v[1].shape = {5, 3};
+  v[2].shape = {2, 3};
+  Response g = Controller::Match(v, 3);
+  EXPECT_EQ(g.error, "");
+  EXPECT_EQ(g.rank_rows, (std::vector<int64_t>{0, 5, 2}));
+  v[2].shape = {2, 4};
+  EXPECT_NE(Controller::Match(v, 3).error.find("all but the first dimension"), std::string::npos);
+  v[2].shape = {};
+  EXPECT_NE(Controller::Match(v, 3).error, "");
+  v = reqs(3, Req("g", {}, OpType::kAllgather));  // scalars cannot be gathered
+  EXPECT_NE(Controller::Match(v, 3).error, "");
+
+  // Alltoall: rank_rows is the size x size matrix of splits, by sender.
+  Request a2a = Req("a", {3, 2}, OpType::kAlltoall);
+  v = reqs(2, a2a);
+  v[0].splits = {1, 2};
+  v[1].shape = {4, 2};
+  v[1].splits = {4, 0};
+  Response a = Controller::Match(v, 2);
+  EXPECT_EQ(a.error, "");
+  EXPECT_EQ(a.rank_rows, (std::vector<int64_t>{1, 2, 4, 0}));
+
+  // Barrier: shapes are irrelevant.
+  v = reqs(2, Req("b", {}, OpType::kBarrier));
+  v[1].shape = {7};
+  EXPECT_EQ(Controller::Match(v, 2).error, "");
+}
+
+class ControllerRanks : public ::testing::TestWithParam<int> {};
+
+// Same requests, different orders and cycles on different ranks: identical
+// ordered responses everywhere, each released in the cycle its last rank
+// submitted it, ordered by first arrival at the coordinator. The second round
+// is served from the cache: no request text on the wire.
+TEST_P(ControllerRanks, OrderingAndCache) {
+  Watchdog wd(60, "ControllerRanks.OrderingAndCache");
+  const int n = GetParam();
+  Ranks ranks;
+  Status st = MakeRanks(n, std::vector<size_t>(n, 16), &ranks);
+  ASSERT_TRUE(st.ok()) << st.message();
+
+  auto make = [](int i) {
+    Request q = Req("t" + std::to_string(i), {i + 1, 2});
+    if (i == 4) q.type = OpType::kAllgather;
+    if (i == 5) {
+      q.type = OpType::kBroadcast;
+      q.root = 0;
+    }
+    return q;
+  };
+  auto make_for = [&](int rank, int i) {
+    Request q = make(i);
+    if (i == 4) q.shape[0] = rank + 1;  // allgather: per-rank first dimension
+    return q;
+  };
+  // Round 1.
+  Schedule s1(n);
+  std::vector<std::vector<std::pair<int, int>>> plan = {
+      {{0, 0}, {0, 1}, {0, 2}, {0, 3}, {0, 4}, {0, 5}},
+      {{0, 5}, {0, 4}, {0, 3}, {1, 2}, {1, 1}, {1, 0}},
+      {{0, 1}, {2, 3}, {2, 0}, {2, 5}, {2, 2}, {3, 4}},
+      {{3, 5}, {3, 4}, {3, 3}, {3, 2}, {3, 1}, {3, 0}},
+  };
+  std::map<std::string, int> last_submit;
+  for (int r = 0; r < n; ++r) {
+    for (auto [cycle, i] : plan[r]) {
+      s1[r][cycle].push_back(make_for(r, i));
+      last_submit["t" + std::to_string(i)] = std::max(last_submit["t" + std::to_string(i)], cycle);
+    }
+  }
+  const int cycles = 5;
+  RunLog log1 = RunCycles(ranks, s1, cycles);
+  ASSERT_NO_FATAL_FAILURE(ExpectIdentical(log1, cycles));
+  auto at = ReleaseCycles(log1);
+  EXPECT_EQ(at.size(), 6u);
+  for (auto& kv : last_submit) EXPECT_EQ(at[kv.first], kv.second) << kv.first;
+  for (int c = 0; c < cycles; ++c) {  // within a cycle: order of first arrival
+    std::vector<std::string> names = Names(log1.responses[0][c]);
+    EXPECT_TRUE(std::is_sorted(names.begin(), names.end())) << "cycle " << c;
+  }
+  const Response* ag = Find(log1, 0, "t4");
+  ASSERT_NE(ag, nullptr);
+  std::vector<int64_t> rows;
+  for (int r = 0; r < n; ++r) rows.push_back(r + 1);
+  EXPECT_EQ(ag->rank_rows, rows);
+  for (int r = 0; r < n; ++r) {
+    for (auto& cyc : log1.responses[r]) {
+      for (auto& resp : cyc) EXPECT_EQ(resp.error, "") << resp.name;
+    }
+  }
+
+  // Round 2: same requests in new orders; all are cache hits.
+  Schedule s2(n);
+  for (int r = 0; r < n; ++r) {
+    std::vector<int> order = {0, 1, 2, 3, 4, 5};
+    std::mt19937 rng(r);
+    std::shuffle(order.begin(), order.end(), rng);
+    for (int k = 0; k < 6; ++k) s2[r][(r == 1 && k >= 3) ? 1 : 0].push_back(make_for(r, order[k]));
+  }
+  RunLog log2 = RunCycles(ranks, s2, 3);
+  ASSERT_NO_FATAL_FAILURE(ExpectIdentical(log2, 3));
+  auto at2 = ReleaseCycles(log2);
+  EXPECT_EQ(at2.size(), 6u);
+  for (int r = 0; r < n; ++r) {
+    const auto& sent = ranks.spies[r]->sent;
+    size_t ready = 0;
+    for (size_t i = log2.first_sent[r]; i < sent.size(); ++i) {
+      EXPECT_TRUE(sent[i].requests.empty())
+          << "rank " << r << " sent " << sent[i].requests.size() << " full requests in round 2";
+      EXPECT_EQ(PopCount(sent[i].invalid_bits), 0u);
+      ready = std::max(ready, PopCount(sent[i].ready_bits));
+    }
+    EXPECT_GT(ready, 0u) << "rank " << r << " never announced a cache hit";
+  }
+  // Cached responses are the negotiated ones.
+  for (int i = 0; i < 6; ++i) {
+    std::string name = "t" + std::to_string(i);
+    const Response* a = Find(log1, 0, name);
+    const Response* b = Find(log2, 0, name);
+    ASSERT_TRUE(a && b) << name;
+    EXPECT_EQ(Canonical({*a}), Canonical({*b})) << name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, ControllerRanks, ::testing::Values(1, 2, 3, 4),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return std::to_string(i.param) + "ranks";
+                         });
+
+TEST(Controller, MismatchAfterCachingNamesBothRanks) {
+  Watchdog wd(60, "MismatchAfterCachingNamesBothRanks");
+  Ranks ranks;
+  Status st = MakeRanks(2, {16, 16}, &ranks);
+  ASSERT_TRUE(st.ok()) << st.message();
+  Schedule s1 = {{{0, {Req("a", {2}), Req("b", {4})}}}, {{0, {Req("b", {4}), Req("a", {2})}}}};
+  RunLog l1 = RunCycles(ranks, s1, 1);
+  ASSERT_NO_FATAL_FAILURE(ExpectIdentical(l1, 1));
+  EXPECT_EQ(Names(l1.responses[0][0]), (std::vector<std::string>{"a", "b"}));
+
+  // Rank 1 changes the shape of a cached tensor.
+  Schedule s2 = {{{0, {Req("a", {2})}}}, {{0, {Req("a", {3})}}}};
+  RunLog l2 = RunCycles(ranks, s2, 3);
+  ASSERT_NO_FATAL_FAILURE(ExpectIdentical(l2, 3));
+  auto at = ReleaseCycles(l2);
+  ASSERT_EQ(at.count("a"), 1u);
+  for (int r = 0; r < 2; ++r) {
+    const Response* a = Find(l2, r, "a");
+    ASSERT_NE(a, nullptr);
+    EXPECT_NE(a->error.find("Mismatched tensor shapes"), std::string::npos) << a->error;
+    EXPECT_NE(a->error.find("rank 0 has [2]"), std::string::npos) << a->error;
+    EXPECT_NE(a->error.find("rank 1 has [3]"), std::string::npos) << a->error;
+  }
+  // Rank 0 announced a cache hit, rank 1 invalidated the position and sent its
+  // request in full.
+  const RequestList& r0 = ranks.spies[0]->sent[l2.first_sent[0]];
+  const RequestList& r1 = ranks.spies[1]->sent[l2.first_sent[1]];
+  EXPECT_EQ(PopCount(r0.ready_bits), 1u);
+  EXPECT_TRUE(r0.requests.empty());
+  EXPECT_EQ(PopCount(r1.invalid_bits), 1u);
+  ASSERT_EQ(r1.requests.size(), 1u);
+  EXPECT_EQ(r1.requests[0].shape, std::vector<int64_t>{3});
+
+  // Afterwards both agree on the new shape: negotiated in full, then cached again.
+  Schedule s3 = {{{0, {Req("a", {3}), Req("b", {4})}}}, {{0, {Req("a", {3}), Req("b", {4})}}}};
+  RunLog l3 = RunCycles(ranks, s3, 1);
+  ASSERT_NO_FATAL_FAILURE(ExpectIdentical(l3, 1));
+  ASSERT_EQ(l3.responses[0][0].size(), 2u);
+  for (auto& resp : l3.responses[0][0]) EXPECT_EQ(resp.error, "") << resp.name;
+  EXPECT_EQ(ranks.spies[0]->sent.back().requests.size(), 1u) << "'a' in full, 'b' from cache";
+  RunLog l4 = RunCycles(ranks, s3, 1);
+  ASSERT_NO_FATAL_FAILURE(ExpectIdentical(l4, 1));
+  EXPECT_EQ(l4.responses[0][0].size(), 2u);
+  EXPECT_TRUE(ranks.spies[0]->sent.back().requests.empty());
+  EXPECT_TRUE(ranks.spies[1]->sent.back().requests.empty());
+}
+
+TEST(Controller, GroupReleasedOnlyWhenCompleteEverywhere) {
+  Watchdog wd(60, "GroupReleasedOnlyWhenCompleteEverywhere");
+  Ranks ranks;
+  Status st = MakeRanks(3, {16, 16, 16}, &ranks);
+  ASSERT_TRUE(st.ok()) << st.message();
+  for (int round = 0; round < 2; ++round) {
+    auto g = [&](int i) {
+      Request q = Req("g" + std::to_string(i), {i + 1});
+      q.group_id = 7 + round;
+      q.group_size = 3;
+      return q;
+    };
+    Request u = Req("u", {1});  // ungrouped: cached after round 0
+    Schedule s = {
+        {{0, {g(0), g(1), g(2), u}}},
+        {{0, {g(0), u}}, {1, {g(1)}}, {2, {g(2)}}},
+        {{0, {g(2), g(1), g(0), u}}},
+    };
+    RunLog log = RunCycles(ranks, s, 4);
+    ASSERT_NO_FATAL_FAILURE(ExpectIdentical(log, 4));
+    EXPECT_EQ(Names(log.responses[0][0]), std::vector<std::string>{u.name}) << "round " << round;
+    EXPECT_TRUE(log.responses[0][1].empty()) << "group released before g2 was ready on rank 1";
+    EXPECT_EQ(Names(log.responses[0][2]), (std::vector<std::string>{"g0", "g1", "g2"}));
+    EXPECT_TRUE(log.responses[0][3].empty());
+    for (auto& resp : log.responses[0][2]) {
+      EXPECT_EQ(resp.group_id, 7 + round);
+      EXPECT_EQ(resp.error, "");
+    }
+    if (round == 1) {  // grouped requests are never served from the cache; "u" is
+      const RequestList& first = ranks.spies[0]->sent[log.first_sent[0]];
+      EXPECT_EQ(first.requests.size(), 3u);
+      EXPECT_EQ(PopCount(first.ready_bits), 1u);
+    }
+  }
+}
+
+// A small cache with more live names than slots: eviction and re-sending keep
+// every rank's cache in step.
+TEST(Controller, SmallCacheEvictionStaysConsistent) {
+  Watchdog wd(60, "SmallCacheEvictionStaysConsistent");
+  for (size_t capacity : {size_t{0}, size_t{1}, size_t{2}}) {
+    Ranks ranks;
+    Status st = MakeRanks(3, {capacity, capacity, capacity}, &ranks);
+    ASSERT_TRUE(st.ok()) << st.message();
+    std::mt19937 rng(static_cast<unsigned>(capacity));
+    for (int round = 0; round < 5; ++round) {
+      Schedule s(3);
+      for (int r = 0; r < 3; ++r) {
+        std::vector<int> order = {0, 1, 2, 3, 4};
+        std::shuffle(order.begin(), order.end(), rng);
+        for (int i : order) {
+          s[r][static_cast<int>(rng() % 3)].push_back(Req("n" + std::to_string(i), {i + 1}));
+        }
+      }
+      RunLog log = RunCycles(ranks, s, 5);
+      ASSERT_NO_FATAL_FAILURE(ExpectIdentical(log, 5)) << "capacity " << capacity;
+      auto at = ReleaseCycles(log);
+      EXPECT_EQ(at.size(), 5u) << "capacity " << capacity << " round " << round;
+      for (auto& cyc : log.responses[0]) {
+        for (auto& resp : cyc) EXPECT_EQ(resp.error, "");
+      }
+    }
+  }
+}
+
+// Randomized: several rounds of the same names, random per-rank timing and
+// order, occasional shape mismatches on one rank, a small cache.
+TEST(Controller, RandomizedRoundsStayConsistent) {
+  Watchdog wd(60, "RandomizedRoundsStayConsistent");
+  const int n = 3, names = 8;
+  Ranks ranks;
+  Status st = MakeRanks(n, {4, 4, 4}, &ranks);
+  ASSERT_TRUE(st.ok()) << st.message();
+  std::mt19937 rng(2024);
+  for (int round = 0; round < 12; ++round) {
+    Schedule s(n);
+    std::set<std::string> mismatched;
+    for (int i = 0; i < names; ++i) {
+      if (rng() % 8 == 0) mismatched.insert("x" + std::to_string(i));
+    }
+    for (int r = 0; r < n; ++r) {
+      std::vector<int> order(names);
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), rng);
+      for (int i : order) {
+        std::string name = "x" + std::to_string(i);
+        int64_t dim = (r == 1 && mismatched.count(name)) ? 100 + i : i + 1;
+        Request q = Req(name, {dim});
+        if (i == 7) q.type = OpType::kBarrier;  // never cached
+        if (i == 7) q.shape = {};
+        s[r][static_cast<int>(rng() % 3)].push_back(q);
+      }
+    }
+    if (mismatched.count("x7")) mismatched.erase("x7");  // barrier shapes are not compared
+    const int cycles = 6;
+    RunLog log = RunCycles(ranks, s, cycles);
+    ASSERT_NO_FATAL_FAILURE(ExpectIdentical(log, cycles)) << "round " << round;
+    auto at = ReleaseCycles(log);
+    EXPECT_EQ(static_cast<int>(at.size()), names) << "round " << round;
+    for (auto& cyc : log.responses[0]) {
+      for (auto& resp : cyc) {
+        EXPECT_EQ(resp.error.empty(), mismatched.count(resp.name) == 0)
+            << "round " << round << " " << resp.name << ": " << resp.error;
+      }
+    }
+  }
+}
+
+TEST(Controller, ShutdownRequestReachesEveryRank) {
+  Watchdog wd(30, "ShutdownRequestReachesEveryRank");
+  Ranks ranks;
+  Status st = MakeRanks(3, {8, 8, 8}, &ranks);
+  ASSERT_TRUE(st.ok()) << st.message();
+  RunLog log = RunCycles(ranks, Schedule(3), 3, {{1, 1}});
+  ASSERT_NO_FATAL_FAILURE(ExpectIdentical(log, 3));
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(log.shutdown[r], (std::vector<bool>{false, true, false})) << "rank " << r;
+  }
+}
+
+// Capacities that need different bit-vector lengths are detected and reported.
+TEST(Controller, CacheCapacityDisagreementIsReported) {
+  Watchdog wd(30, "CacheCapacityDisagreementIsReported");
+  Ranks ranks;
+  TcpOptions opt = hvd_test::FastOptions();
+  opt.io_timeout_s = 30;  // rank 1 must learn through rank 0's abort, not a timeout
+  Status st = MakeRanks(2, {16, 100}, &ranks, opt);
+  ASSERT_TRUE(st.ok()) << st.message();
+  auto t0 = std::chrono::steady_clock::now();
+  RunLog log = RunCycles(ranks, Schedule(2), 1);
+  EXPECT_LT(hvd_test::SecondsSince(t0), 5.0);
+  EXPECT_FALSE(log.status[0].ok());
+  EXPECT_NE(log.status[0].message().find("HOROVOD_CACHE_CAPACITY"), std::string::npos)
+      << log.status[0].message();
+  EXPECT_FALSE(log.status[1].ok()) << "rank 1 must not be left waiting";
+}
+
+// BUG: capacities that fit the same number of 64-bit words (here 2 and 3) are
+// not detected. The caches then evict differently, and a name that one rank
+// still has cached is re-sent in full by the other: the coordinator waits for
+// a full request that never comes and the tensor is never released (a hang in
+// the real runtime). Expected: an error naming HOROVOD_CACHE_CAPACITY, or the
+// tensor released on both ranks.
+TEST(Controller, CacheCapacityDisagreementWithinOneWord) {
+  Watchdog wd(30, "CacheCapacityDisagreementWithinOneWord");
+  Ranks ranks;
+  Status st = MakeRanks(2, {2, 3}, &ranks);
+  ASSERT_TRUE(st.ok()) << st.message();
+  // Cache A, B, C in this order: rank 0 (capacity 2) evicts A, rank 1 keeps it.
+  Schedule fill = {{{0, {Req("A", {1})}}, {1, {Req("B", {2})}}, {2, {Req("C", {3})}}},
+                   {{0, {Req("A", {1})}}, {1, {Req("B", {2})}}, {2, {Req("C", {3})}}}};
+  RunLog l1 = RunCycles(ranks, fill, 3);
+  ASSERT_NO_FATAL_FAILURE(ExpectIdentical(l1, 3));
+  Schedule again = {{{0, {Req("A", {1})}}}, {{0, {Req("A", {1})}}}};
+  RunLog l2 = RunCycles(ranks, again, 4);
+  bool reported = false;
+  for (auto& s : l2.status) {
+    if (!s.ok() && s.message().find("HOROVOD_CACHE_CAPACITY") != std::string::npos) reported = true;
+  }
+  if (!reported) {
+    ASSERT_NO_FATAL_FAILURE(ExpectIdentical(l2, 4));
+    EXPECT_EQ(ReleaseCycles(l2).count("A"), 1u)
+        << "'A' was never released: rank 0 re-sent it in full, rank 1 only set a cache bit";
+  }
+}
+
+}  // namespace
+}  // namespace hvd
