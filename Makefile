@@ -21,9 +21,16 @@ setup: .setup.stamp
 build: setup
 	$(PYTHON) setup.py -q build_ext --inplace
 
+EPOCHS ?= 3
+SYNC_DIR ?= /tmp/horovod_torch_demo
+
 demo: build
 	$(PYTHON) -m horovod_torch.data mnist $(DATA)
-	horovodrun -np $(NP) $(PYTHON) examples/elastic/train.py --data-dir $(DATA) --epochs 2
+	mkdir -p $(SYNC_DIR)
+	OCI__SYNC_DIR=$(SYNC_DIR) horovodrun -np $(NP) --min-np 1 --max-np $(NP) \
+	    --blacklist-cooldown-range 5 10 \
+	    --host-discovery-script examples/elastic/discover_hosts.sh \
+	    $(PYTHON) examples/elastic/train.py --data-dir $(DATA) --epochs $(EPOCHS)
 
 cpp-test:
 	$(MAKE) -C tests/cpp run

@@ -39,10 +39,62 @@ def _optional_part(name, folder, detect):
     return True
 
 
-_optional_part("NCCL", "nccl", lambda: False)
+def _find_nccl():
+    """(include_dir, lib_dir) of NCCL and CUDA's runtime headers, or None.
+
+    Looked for in NCCL_HOME, the nvidia-nccl wheel torch depends on, and the system.
+    """
+    import torch
+    if torch.version.cuda is None:
+        return None
+    candidates = []
+    if os.environ.get("NCCL_HOME"):
+        home = os.environ["NCCL_HOME"]
+        candidates.append((os.path.join(home, "include"), os.path.join(home, "lib")))
+    try:
+        import nvidia.nccl
+        base = list(nvidia.nccl.__path__)[0]
+        candidates.append((os.path.join(base, "include"), os.path.join(base, "lib")))
+    except ImportError:
+        pass
+    candidates.append(("/usr/include", "/usr/lib/x86_64-linux-gnu"))
+    for inc, lib in candidates:
+        if os.path.exists(os.path.join(inc, "nccl.h")) and glob.glob(os.path.join(lib, "libnccl.so*")):
+            return inc, lib
+    return None
+
+
+def _find_cuda_include():
+    """Directory holding cuda_runtime_api.h (CUDA_HOME, the CUDA wheel, /usr/local/cuda)."""
+    roots = [os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"]
+    try:
+        import nvidia
+        roots += [os.path.join(p, sub) for p in nvidia.__path__ for sub in ("cu13", "cuda_runtime")]
+    except ImportError:
+        pass
+    for root in roots:
+        if root and os.path.exists(os.path.join(root, "include", "cuda_runtime_api.h")):
+            return os.path.join(root, "include")
+    return None
+
+
+NCCL = _find_nccl()
+CUDA_INCLUDE = _find_cuda_include()
+WITH_NCCL = _optional_part("NCCL", "nccl", lambda: NCCL is not None and CUDA_INCLUDE is not None)
 _optional_part("MPI", "mpi", lambda: shutil.which("mpicxx") is not None)
 
 sources = [s for d in CORE_DIRS for s in _sources(d)]
+include_dirs = [os.path.join(ROOT, "csrc")]
+libraries, library_dirs, runtime_dirs = [], [], []
+if WITH_NCCL:
+    # The NCCL registry replaces the no-GPU one (DESIGN.md §2: whole files, no #ifdef).
+    sources = [s for s in sources if not s.endswith("no_gpu.cc")] + _sources("nccl")
+    include_dirs += [NCCL[0], CUDA_INCLUDE]
+    libraries += ["c10_cuda", "torch_cuda", ":" + os.path.basename(
+        sorted(glob.glob(os.path.join(NCCL[1], "libnccl.so*")))[0])]
+    library_dirs += [NCCL[1]]
+    runtime_dirs += [NCCL[1]]
+    print(f"horovod_torch: building with NCCL from {NCCL[0]}")
 
 
 def _cxx_std():
@@ -62,7 +114,10 @@ ext_modules = [] if os.environ.get("HOROVOD_TORCH_SKIP_EXT") == "1" else [
     CppExtension(
         "horovod_torch._C",
         sources,
-        include_dirs=[os.path.join(ROOT, "csrc")],
+        include_dirs=include_dirs,
+        libraries=libraries,
+        library_dirs=library_dirs,
+        runtime_library_dirs=runtime_dirs,
         extra_compile_args={"cxx": ["-O3", _cxx_std(), "-Wall"]},
     )
 ]

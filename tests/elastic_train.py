@@ -14,10 +14,14 @@ import horovod.torch as hvd
 hvd.init()
 torch.manual_seed(0)
 STEPS = int(os.environ.get("STEPS", "40"))
-model = nn.Linear(8, 1)
+dev = torch.device("cpu")
+if os.environ.get("DEVICE") == "cuda":
+    torch.cuda.set_device(hvd.local_rank())
+    dev = torch.device("cuda", hvd.local_rank())
+model = nn.Linear(8, 1).to(dev)
 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                                named_parameters=model.named_parameters())
-data = torch.randn(256, 8)
+data = torch.randn(256, 8).to(dev)
 target = data.sum(1, keepdim=True)
 sampler = hvd.elastic.ElasticSampler(list(range(256)), shuffle=True, seed=1)
 state = hvd.elastic.TorchState(model, opt, sampler=sampler, step=0, epoch=0, batch=0)

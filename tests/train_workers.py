@@ -37,13 +37,17 @@ def _reference(opt_name, steps):
     return [p.detach().clone() for p in model.parameters()]
 
 
-def exactness(opt_name="sgd", op="average", bpps="1", extra="none"):
+def exactness(opt_name="sgd", op="average", bpps="1", extra="none", device="cpu"):
     """N ranks on 1/N shards end where one process on the whole batch ends."""
     hvd.init()
     r, n = hvd.rank(), hvd.size()
     bpps = int(bpps)
     steps = 3
-    model = _model()
+    dev = torch.device("cpu")
+    if device == "cuda":
+        torch.cuda.set_device(hvd.local_rank())
+        dev = torch.device("cuda", hvd.local_rank())
+    model = _model().to(dev)
     kwargs = {}
     if extra == "groups":
         kwargs["num_groups"] = 2
@@ -57,6 +61,7 @@ def exactness(opt_name="sgd", op="average", bpps="1", extra="none"):
     shard = B // n
     for s in range(steps):
         x, y = _data(s)
+        x, y = x.to(dev), y.to(dev)
         xs, ys = x[r * shard:(r + 1) * shard], y[r * shard:(r + 1) * shard]
         opt.zero_grad()
         micro = shard // bpps
@@ -67,8 +72,8 @@ def exactness(opt_name="sgd", op="average", bpps="1", extra="none"):
             loss.backward()
         opt.step()
     ref = _reference(opt_name, steps)
-    tol = 2e-3 if extra == "fp16" else 1e-5
-    for p, q in zip(model.parameters(), ref):
+    tol = 2e-3 if extra == "fp16" else (1e-4 if device == "cuda" else 1e-5)
+    for p, q in zip((p.detach().cpu() for p in model.parameters()), ref):
         assert torch.allclose(p, q, atol=tol, rtol=tol), (p - q).abs().max()
     # state_dict / load_state_dict still behave
     sd = opt.state_dict()
@@ -147,3 +152,34 @@ def behaviours():
     assert all(torch.equal(got[0], got[q]) for q in range(n))
     hvd.shutdown()
     print("behaviours ok", flush=True)
+
+
+def amp_gradscaler():
+    """AMP on GPU: scale, backward, synchronize, unscale, clip, step inside
+    skip_synchronize; every rank ends with the same finite parameters."""
+    hvd.init()
+    torch.cuda.set_device(hvd.local_rank())
+    dev = torch.device("cuda", hvd.local_rank())
+    model = _model().to(dev)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                   named_parameters=model.named_parameters())
+    scaler = torch.amp.GradScaler("cuda")
+    for s in range(5):
+        x, y = _data(s)
+        x, y = x.to(dev), y.to(dev)
+        opt.zero_grad()
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = ((model(x) - y) ** 2).mean()
+        scaler.scale(loss).backward()
+        opt.synchronize()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        with opt.skip_synchronize():
+            scaler.step(opt)
+        scaler.update()
+    w = torch.cat([p.detach().flatten() for p in model.parameters()])
+    assert torch.isfinite(w).all()
+    all_w = hvd.allgather(w.unsqueeze(0), name="amp.check")
+    assert all(torch.equal(all_w[0], all_w[q]) for q in range(hvd.size()))
+    hvd.shutdown()
+    print("amp ok", flush=True)

@@ -24,6 +24,7 @@ def make(rank: int, shape, dtype, seed: int) -> torch.Tensor:
 
 
 def close(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    a, b = a.cpu(), b.cpu()
     assert a.dtype == b.dtype, f"{what}: dtype {a.dtype} != {b.dtype}"
     assert a.shape == b.shape, f"{what}: shape {tuple(a.shape)} != {tuple(b.shape)}"
     if a.dtype.is_floating_point:
@@ -53,11 +54,24 @@ def reference_reduce(inputs, op, dtype):
     return acc.to(dtype)
 
 
-def all_collectives(seed: str = "0") -> None:
-    """Every collective x dtype against a one-process reference."""
+def _device(kind: str) -> torch.device:
+    if kind == "cuda":
+        torch.cuda.set_device(hvd.local_rank())
+        return torch.device("cuda", hvd.local_rank())
+    return torch.device("cpu")
+
+
+def all_collectives(seed: str = "0", device: str = "cpu") -> None:
+    """Every collective x dtype against a one-process reference (inputs are made on
+    the CPU, moved to `device`; results compared on the CPU)."""
     hvd.init()
     r, n = hvd.rank(), hvd.size()
     seed = int(seed)
+    dev = _device(device)
+    real_make = globals()["make"]
+
+    def make(q, shape, dtype, s):  # noqa: F811  (same inputs, on the device)
+        return real_make(q, shape, dtype, s).to(dev)
     case = 0
     for dtype in DTYPES:
         for shape in [(5,), (3, 4, 2), (33000,)]:
@@ -118,7 +132,7 @@ def all_collectives(seed: str = "0") -> None:
     close(hvd.allgather(b[r], name="bool.ag"), torch.cat(b), "bool allgather")
     close(hvd.broadcast(b[r], 0, name="bool.bc"), b[0], "bool broadcast")
     # even alltoall without splits returns only the tensor
-    t = torch.arange(2 * n, dtype=torch.float32) + 100 * r
+    t = (torch.arange(2 * n, dtype=torch.float32) + 100 * r).to(dev)
     out = hvd.alltoall(t, name="a2a.even")
     close(out, torch.tensor([100 * q + 2 * r + i for q in range(n) for i in range(2)],
                             dtype=torch.float32), "alltoall even")
@@ -220,18 +234,19 @@ def local_errors() -> None:
     print("local errors ok", flush=True)
 
 
-def dead_peer(mode: str = "exit") -> None:
+def dead_peer(mode: str = "exit", device: str = "cpu") -> None:
     """The last rank dies; every survivor's pending and later ops fail with
     HorovodInternalError within seconds."""
     hvd.init()
     r, n = hvd.rank(), hvd.size()
-    hvd.allreduce(torch.ones(3), name="warmup")
+    dev = _device(device)
+    hvd.allreduce(torch.ones(3, device=dev), name="warmup")
     if r == n - 1:
         if mode == "exit":
             os._exit(17)
         os.kill(os.getpid(), 9)
     t0 = time.monotonic()
-    h = hvd.allreduce_async(torch.ones(1000), name="after_death")
+    h = hvd.allreduce_async(torch.ones(1000, device=dev), name="after_death")
     expect_raises(hvd.HorovodInternalError, lambda: hvd.synchronize(h), "rank")
     elapsed = time.monotonic() - t0
     assert elapsed < 10, f"took {elapsed:.1f} s to notice the dead peer"
@@ -251,33 +266,38 @@ def reinit(times: str = "20") -> None:
     print("reinit ok", flush=True)
 
 
-def out_of_order_and_many() -> None:
+def out_of_order_and_many(device: str = "cpu") -> None:
     """Ranks submit the same names in different orders; hundreds of small tensors in
     flight at once; unnamed ops are matched by submission order."""
     hvd.init()
     r, n = hvd.rank(), hvd.size()
+    dev = _device(device)
+    _full = torch.full
+
+    def full(shape, value):
+        return _full(shape, value, device=dev)
     names = [f"t{i}" for i in range(20)]
     order = names if r % 2 == 0 else list(reversed(names))
-    handles = {nm: hvd.allreduce_async(torch.full((i + 1,), float(r)), name=nm, op=hvd.Sum)
+    handles = {nm: hvd.allreduce_async(full((i + 1,), float(r)), name=nm, op=hvd.Sum)
                for i, nm in [(names.index(x), x) for x in order]}
     for i, nm in enumerate(names):
         out = hvd.synchronize(handles[nm])
-        assert out.tolist() == [float(sum(range(n)))] * (i + 1), (nm, out)
+        assert out.cpu().tolist() == [float(sum(range(n)))] * (i + 1), (nm, out)
     for step in range(3):
-        hs = [hvd.allreduce_async(torch.full((3,), float(i + r)), name=f"small.{i}", op=hvd.Sum)
+        hs = [hvd.allreduce_async(full((3,), float(i + r)), name=f"small.{i}", op=hvd.Sum)
               for i in range(500)]
         for i, h in enumerate(hs):
             out = hvd.synchronize(h)
-            assert out.tolist() == [float(n * i + sum(range(n)))] * 3
-    hs = [hvd.allreduce_async(torch.full((2,), float(i)), op=hvd.Sum) for i in range(50)]
+            assert out.cpu().tolist() == [float(n * i + sum(range(n)))] * 3
+    hs = [hvd.allreduce_async(full((2,), float(i)), op=hvd.Sum) for i in range(50)]
     for i, h in enumerate(hs):
-        assert hvd.synchronize(h).tolist() == [float(n * i)] * 2
+        assert hvd.synchronize(h).cpu().tolist() == [float(n * i)] * 2
     # grouped
-    outs = hvd.grouped_allreduce([torch.full((k + 1,), float(r)) for k in range(5)], op=hvd.Sum)
+    outs = hvd.grouped_allreduce([full((k + 1,), float(r)) for k in range(5)], op=hvd.Sum)
     for k, o in enumerate(outs):
-        assert o.tolist() == [float(sum(range(n)))] * (k + 1)
+        assert o.cpu().tolist() == [float(sum(range(n)))] * (k + 1)
     # poll
-    h = hvd.allreduce_async(torch.ones(1), name="polled")
+    h = hvd.allreduce_async(torch.ones(1, device=dev), name="polled")
     while not hvd.poll(h):
         time.sleep(0.001)
     hvd.synchronize(h)
@@ -319,3 +339,25 @@ def objects() -> None:
     assert hvd.allgather_object(("rank", r)) == [("rank", q) for q in range(n)]
     hvd.shutdown()
     print("objects ok", flush=True)
+
+
+def mixed_cpu_gpu() -> None:
+    """CPU tensors (TCP) and CUDA tensors (NCCL) in flight together in one job."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    dev = _device("cuda")
+    hs = []
+    for i in range(20):
+        hs.append(("cpu", i, hvd.allreduce_async(torch.full((100,), float(r + i)),
+                                                 name=f"m.cpu.{i}", op=hvd.Sum)))
+        hs.append(("gpu", i, hvd.allreduce_async(torch.full((100,), float(r + i), device=dev),
+                                                 name=f"m.gpu.{i}", op=hvd.Sum)))
+    for kind, i, h in hs:
+        out = hvd.synchronize(h)
+        assert out.device.type == ("cuda" if kind == "gpu" else "cpu")
+        assert out.cpu().tolist() == [float(sum(range(n)) + n * i)] * 100, (kind, i)
+    expect_raises(RuntimeError, lambda: hvd.allreduce(
+        torch.ones(3, device=dev) if r == 0 else torch.ones(3), name="dev_x"), "devices")
+    peak = torch.cuda.max_memory_allocated(dev)
+    print(f"mixed ok; peak GPU memory {peak / 2**20:.1f} MiB", flush=True)
+    hvd.shutdown()

@@ -143,6 +143,7 @@ Response Controller::Match(const std::vector<Request>& reqs, int size) {
   resp.postscale = a.postscale;
   resp.shape = a.shape;
   resp.group_id = a.group_id;
+  resp.on_gpu = a.device >= 0;
   auto fail = [&](const std::string& what, const std::string& detail) {
     resp.error = "Mismatched " + what + " for '" + a.name + "': " + detail +
                  ". Every rank must submit the same collective with matching arguments.";
@@ -155,6 +156,11 @@ Response Controller::Match(const std::vector<Request>& reqs, int size) {
     }
   }
   for (const auto& r : reqs) {
+    if ((r.device >= 0) != (a.device >= 0)) {
+      return fail("devices", Disagreement(reqs, [](const Request& q) {
+                    return std::string(q.device >= 0 ? "a CUDA tensor" : "a CPU tensor");
+                  }));
+    }
     if (r.dtype != a.dtype) {
       return fail("data types",
                   Disagreement(reqs, [](const Request& q) { return std::string(DataTypeName(q.dtype)); }));

@@ -12,7 +12,7 @@ namespace {
 bool Fusable(const Response& a, const Response& b) {
   return a.type == OpType::kAllreduce && b.type == OpType::kAllreduce && a.error.empty() &&
          b.error.empty() && a.dtype == b.dtype && a.op == b.op && a.prescale == b.prescale &&
-         a.postscale == b.postscale;
+         a.postscale == b.postscale && a.on_gpu == b.on_gpu;
 }
 }  // namespace
 

@@ -17,22 +17,41 @@
 
 namespace hvd {
 
+// Completion of GPU work, recorded on a stream. Implemented by the GPU backend.
+class GpuEvent {
+ public:
+  virtual ~GpuEvent() = default;
+  // True once the GPU work before the event has finished.
+  virtual bool Ready() = 0;
+  // Makes the caller's current CUDA stream wait for the event (no host wait), and
+  // tells the allocator that `result` is used on that stream.
+  virtual void BlockCurrentStream(const at::Tensor& result) = 0;
+};
+
 class HandleState {
  public:
-  void Complete(Status status, at::Tensor output = {}, at::Tensor splits = {}) {
+  void Complete(Status status, at::Tensor output = {}, at::Tensor splits = {},
+                std::shared_ptr<GpuEvent> event = nullptr) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (done_) return;
       status_ = std::move(status);
       output_ = std::move(output);
       splits_ = std::move(splits);
+      event_ = std::move(event);
       done_ = true;
     }
     cv_.notify_all();
   }
+  // Done, and for GPU ops also finished on the device.
   bool Poll() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return done_;
+    std::shared_ptr<GpuEvent> event;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!done_) return false;
+      event = event_;
+    }
+    return event == nullptr || event->Ready();
   }
   // Blocks until complete. Call without the Python GIL held.
   void Wait() {
@@ -43,6 +62,7 @@ class HandleState {
   const Status& status() const { return status_; }
   const at::Tensor& output() const { return output_; }
   const at::Tensor& splits() const { return splits_; }
+  const std::shared_ptr<GpuEvent>& event() const { return event_; }
 
  private:
   std::mutex mu_;
@@ -51,6 +71,7 @@ class HandleState {
   Status status_;           // GUARDED_BY(mu_), immutable once done_
   at::Tensor output_;
   at::Tensor splits_;
+  std::shared_ptr<GpuEvent> event_;
 };
 
 class HandleTable {

@@ -55,6 +55,7 @@ Status Runtime::Create(const WorldInfo& world, const Config& config,
   }
   HVD_RETURN_IF_ERROR(TcpTransport::Create(rt->store_.get(), world.prefix, world.rank,
                                            world.size, world.secret, opt, &rt->transport_));
+  rt->gpu_ = CreateGpuBackend(rt->transport_.get(), world.rank, world.size, config);
   rt->controller_ = std::make_unique<Controller>(
       rt->transport_.get(), static_cast<size_t>(std::max<int64_t>(0, config.cache_capacity)));
   rt->thread_ = std::thread([r = rt.get()] { r->Loop(); });
@@ -78,11 +79,19 @@ Status Runtime::CheckLocal(const Submission& s) const {
   const char* op = OpTypeName(r.type);
   if (r.type == OpType::kBarrier) return Status::Ok();
   if (!s.input.defined()) return Status::InvalidArgument(std::string(op) + ": tensor is undefined");
-  if (!s.input.device().is_cpu()) {
+  if (s.input.is_cuda() && gpu_ == nullptr) {
     return Status::InvalidArgument(std::string(op) + " of '" + r.name + "': tensor is on " +
                                    s.input.device().str() +
                                    ", but this build of horovod_torch has no NCCL support; "
                                    "move the tensor to the CPU or rebuild with CUDA and NCCL");
+  }
+  if (!s.input.is_cuda() && !s.input.device().is_cpu()) {
+    return Status::InvalidArgument(std::string(op) + " of '" + r.name + "': tensors on " +
+                                   s.input.device().str() + " are not supported");
+  }
+  if (s.output.defined() && s.output.device() != s.input.device()) {
+    return Status::InvalidArgument(std::string(op) + " of '" + r.name +
+                                   "': output and input are on different devices");
   }
   DataType dt;
   if (!ToDataType(s.input.scalar_type(), &dt)) {
@@ -148,8 +157,16 @@ Status Runtime::Submit(std::vector<Submission> subs,
     if (s.input.defined()) {
       ToDataType(s.input.scalar_type(), &r.dtype);
       r.shape.assign(s.input.sizes().begin(), s.input.sizes().end());
+      r.device = s.input.is_cuda() ? s.input.device().index() : -1;
     }
     HVD_RETURN_IF_ERROR(CheckLocal(s));
+  }
+  // Ready events are recorded on the caller's stream, before the op is queued.
+  std::vector<std::shared_ptr<GpuEvent>> ready(subs.size());
+  for (size_t i = 0; i < subs.size(); ++i) {
+    if (subs[i].input.defined() && subs[i].input.is_cuda()) {
+      ready[i] = gpu_->RecordReady(subs[i].input);
+    }
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (!broken_.ok()) return broken_;
@@ -167,12 +184,12 @@ Status Runtime::Submit(std::vector<Submission> subs,
     }
   }
   handles->clear();
-  for (auto& s : subs) {
+  for (size_t i = 0; i < subs.size(); ++i) {
     auto h = std::make_shared<HandleState>();
     handles->push_back(h);
-    fresh_.push_back(s.request);
-    std::string name = s.request.name;
-    pending_.emplace(std::move(name), Entry{std::move(s), h});
+    fresh_.push_back(subs[i].request);
+    std::string name = subs[i].request.name;
+    pending_.emplace(std::move(name), Entry{std::move(subs[i]), h, std::move(ready[i])});
   }
   cv_.notify_one();
   return Status::Ok();
@@ -199,6 +216,7 @@ void Runtime::Loop() {
     if (!st.ok()) {
       HVD_LOG(kError) << "background loop stopped: " << st.message();
       transport_->Abort();
+      if (gpu_) gpu_->Abort();
       FailAll(Status::Aborted(st.message()));
       return;
     }
@@ -240,7 +258,11 @@ Status Runtime::Execute(const std::vector<Response>& responses) {
       entries[0].handle->Complete(Status::Mismatch(first.error));
       continue;
     }
-    if (first.type == OpType::kAllreduce) {
+    if (first.on_gpu) {
+      std::vector<Response> rs;
+      for (size_t i : batch) rs.push_back(responses[i]);
+      st = gpu_->Execute(rs, entries);
+    } else if (first.type == OpType::kAllreduce) {
       std::vector<Response> rs;
       for (size_t i : batch) rs.push_back(responses[i]);
       st = RunAllreduce(rs, entries);

@@ -19,6 +19,8 @@
 
 #include "common/config.h"
 #include "core/controller.h"
+#include "core/entry.h"
+#include "core/gpu_backend.h"
 #include "core/handles.h"
 #include "rendezvous/store.h"
 #include "transport/tcp_transport.h"
@@ -38,14 +40,6 @@ struct WorldInfo {
   std::string prefix;  // rendezvous namespace, unique per init (e.g. "gen3")
 };
 
-// One op as submitted by Python. The request's rank, dtype and shape are filled in
-// by Submit from the tensor.
-struct Submission {
-  Request request;
-  at::Tensor input;
-  at::Tensor output;  // allreduce / broadcast: where the result goes (may alias input)
-};
-
 class Runtime {
  public:
   static Status Create(const WorldInfo& world, const Config& config,
@@ -61,11 +55,6 @@ class Runtime {
   void Shutdown();
 
  private:
-  struct Entry {
-    Submission sub;
-    std::shared_ptr<HandleState> handle;
-  };
-
   Runtime(WorldInfo world, Config config) : world_(std::move(world)), config_(std::move(config)) {}
   void Loop();
   Status Execute(const std::vector<Response>& responses);
@@ -79,6 +68,7 @@ class Runtime {
   std::unique_ptr<StoreClient> store_;
   std::unique_ptr<TcpTransport> transport_;
   std::unique_ptr<Controller> controller_;
+  std::unique_ptr<GpuBackend> gpu_;  // after transport_: destroyed before it
   std::vector<char> fusion_buffer_;  // background thread only
   std::thread thread_;
 

@@ -9,6 +9,7 @@
 
 #include "common/config.h"
 #include "common/logging.h"
+#include "core/gpu_backend.h"
 #include "core/runtime.h"
 #include "rendezvous/store.h"
 
@@ -128,6 +129,8 @@ py::object Wait(int handle) {
   {
     py::gil_scoped_release nogil;
     h->Wait();
+    // GPU ops: the caller's stream waits for the result; the host does not.
+    if (h->event() != nullptr && h->status().ok()) h->event()->BlockCurrentStream(h->output());
   }
   const Status& st = h->status();
   py::object out = h->output().defined() ? py::cast(h->output()) : py::none();
@@ -159,9 +162,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("wait", &Wait);
   m.def("release", [](int h) { G().handles.Release(h); });
   m.def("knobs", &Knobs);
-  m.def("nccl_built", [] { return 0; });
+  m.def("nccl_built", &NcclVersionBuilt);
   m.def("mpi_built", [] { return false; });
-  m.def("cuda_built", [] { return false; });
+  m.def("cuda_built", [] { return NcclVersionBuilt() != 0; });
   m.attr("OP_ALLREDUCE") = static_cast<int>(OpType::kAllreduce);
   m.attr("OP_ALLGATHER") = static_cast<int>(OpType::kAllgather);
   m.attr("OP_BROADCAST") = static_cast<int>(OpType::kBroadcast);

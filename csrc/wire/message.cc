@@ -21,6 +21,7 @@ void Put(Writer& w, const Request& r) {
   w.I64s(r.splits);
   w.I64(r.group_id);
   w.I32(r.group_size);
+  w.I32(r.device);
 }
 
 Request GetRequest(Reader& rd) {
@@ -37,6 +38,7 @@ Request GetRequest(Reader& rd) {
   r.splits = rd.I64s();
   r.group_id = rd.I64();
   r.group_size = rd.I32();
+  r.device = rd.I32();
   return r;
 }
 
@@ -52,6 +54,7 @@ void Put(Writer& w, const Response& r) {
   w.I64s(r.shape);
   w.I64s(r.rank_rows);
   w.I64(r.group_id);
+  w.U8(r.on_gpu ? 1 : 0);
 }
 
 Response GetResponse(Reader& rd) {
@@ -67,6 +70,7 @@ Response GetResponse(Reader& rd) {
   r.shape = rd.I64s();
   r.rank_rows = rd.I64s();
   r.group_id = rd.I64();
+  r.on_gpu = rd.U8() != 0;
   return r;
 }
 

@@ -36,6 +36,7 @@ struct Request {
   std::vector<int64_t> splits;  // alltoall: rows sent to each rank
   int64_t group_id = 0;         // 0: not grouped; else every member must be ready
   int32_t group_size = 0;
+  int32_t device = -1;          // -1: CPU tensor; else the CUDA device index
 
   // Everything except `rank`: two ranks' requests for one name must have equal
   // signatures for the cache to treat them as a repeat.
@@ -63,6 +64,7 @@ struct Response {
   std::vector<int64_t> shape;      // rank 0's shape
   std::vector<int64_t> rank_rows;  // allgather: dim 0 per rank; alltoall: size x size splits
   int64_t group_id = 0;
+  bool on_gpu = false;  // CUDA tensors: run by the GPU backend
 };
 
 struct ResponseList {

@@ -182,6 +182,12 @@ TEST(ControllerMatch, ValidatesAndFillsResponse) {
   EXPECT_EQ(ok.prescale, 2);
   EXPECT_EQ(ok.postscale, 0.5);
   EXPECT_EQ(ok.shape, (std::vector<int64_t>{4, 5}));
+  EXPECT_FALSE(ok.on_gpu);
+  auto on_gpu = reqs(3, base);
+  for (auto& q : on_gpu) q.device = q.rank;  // device index may differ per rank
+  Response g0 = Controller::Match(on_gpu, 3);
+  EXPECT_EQ(g0.error, "");
+  EXPECT_TRUE(g0.on_gpu);
 
   struct Mut {
     const char* what;
@@ -196,6 +202,7 @@ TEST(ControllerMatch, ValidatesAndFillsResponse) {
       {"root", [](Request& q) { q.root = 1; }, "Mismatched root ranks"},
       {"group", [](Request& q) { q.group_id = 9; q.group_size = 2; }, "Mismatched groups"},
       {"shape", [](Request& q) { q.shape = {4, 6}; }, "rank 0 has [4, 5], rank 1 has [4, 6]"},
+      {"device", [](Request& q) { q.device = 0; }, "rank 1 has a CUDA tensor"},
   };
   for (const auto& m : muts) {
     auto v = reqs(3, base);

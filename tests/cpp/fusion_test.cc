@@ -55,6 +55,13 @@ TEST(Fusion, DtypeOpOrScaleChangeBreaksBatch) {
   EXPECT_EQ(PlanFusion(scaled, 1 << 20), (Batches{{0}, {1, 2}, {3}, {4}}));
 }
 
+TEST(Fusion, DeviceChangeBreaksBatch) {
+  std::vector<Response> rs = {AR(1), AR(1), AR(1), AR(1)};
+  rs[1].on_gpu = true;
+  rs[2].on_gpu = true;
+  EXPECT_EQ(PlanFusion(rs, 1 << 20), (Batches{{0}, {1, 2}, {3}}));
+}
+
 TEST(Fusion, NonAllreduceBreaksBatch) {
   std::vector<Response> rs = {AR(1), AR(1), AR(1), AR(1), AR(1), AR(1)};
   rs[2].type = OpType::kBroadcast;

@@ -27,6 +27,7 @@ Request FullRequest(int rank, const std::string& name) {
   r.splits = {1, 2, 0, std::numeric_limits<int64_t>::min()};
   r.group_id = 0x0123456789abcdefLL;
   r.group_size = 17;
+  r.device = 3;
   return r;
 }
 
@@ -45,6 +46,7 @@ Response FullResponse(const std::string& name) {
   r.shape = {1, 2, 3};
   r.rank_rows = {9, 8, 7, 6, 0};
   r.group_id = -5;
+  r.on_gpu = true;
   return r;
 }
 
@@ -61,6 +63,7 @@ void ExpectEq(const Request& a, const Request& b) {
   EXPECT_EQ(a.splits, b.splits);
   EXPECT_EQ(a.group_id, b.group_id);
   EXPECT_EQ(a.group_size, b.group_size);
+  EXPECT_EQ(a.device, b.device);
 }
 
 void ExpectEq(const Response& a, const Response& b) {
@@ -75,6 +78,7 @@ void ExpectEq(const Response& a, const Response& b) {
   EXPECT_EQ(a.shape, b.shape);
   EXPECT_EQ(a.rank_rows, b.rank_rows);
   EXPECT_EQ(a.group_id, b.group_id);
+  EXPECT_EQ(a.on_gpu, b.on_gpu);
 }
 
 RequestList SampleRequestList() {
@@ -346,6 +350,7 @@ TEST(Message, SignatureIgnoresRankOnly) {
   differs("splits", [](Request& r) { r.splits[1] = 3; });
   differs("group", [](Request& r) { r.group_id = 1; });
   differs("group size", [](Request& r) { r.group_size = 2; });
+  differs("device", [](Request& r) { r.device = -1; });
   // Signature() must not modify the request.
   EXPECT_EQ(b.rank, 5);
 }

@@ -189,6 +189,10 @@ void RunAllreduceCases(World& w, const std::vector<Case>& cases, uint64_t seed) 
   const int n = w.size();
   std::vector<std::vector<std::string>> errors(n);
   std::vector<std::vector<uint64_t>> hashes(n, std::vector<uint64_t>(cases.size()));
+  std::vector<std::vector<char>> want(cases.size());  // computed once, shared by all ranks
+  for (size_t c = 0; c < cases.size(); ++c) {
+    want[c] = Reference(cases[c].dtype, cases[c].op, n, 0, cases[c].count, seed + c);
+  }
   RunRanks(n, [&](int r) {
     for (size_t c = 0; c < cases.size(); ++c) {
       const Case& k = cases[c];
@@ -198,8 +202,7 @@ void RunAllreduceCases(World& w, const std::vector<Case>& cases, uint64_t seed) 
         errors[r].push_back(k.Name() + ": " + st.message());
         return;  // the transport is unusable after an error
       }
-      std::vector<char> want = Reference(k.dtype, k.op, n, 0, k.count, seed + c);
-      std::string d = Diff(k.dtype, buf.data(), want.data(), k.count);
+      std::string d = Diff(k.dtype, buf.data(), want[c].data(), k.count);
       if (!d.empty()) errors[r].push_back(k.Name() + " rank " + std::to_string(r) + ": " + d);
       hashes[r][c] = Fnv(buf.data(), k.count * DataTypeSize(k.dtype));
     }
@@ -224,25 +227,39 @@ class TcpCollectives : public ::testing::TestWithParam<int> {
   World world_;
 };
 
+// Every dtype and op: fewer elements than ranks, odd counts, and both sides of
+// the 64 KB direct/ring switch (small_allreduce_bytes) for each element size.
 TEST_P(TcpCollectives, AllreduceEveryTypeAndOp) {
   Watchdog wd(60, "AllreduceEveryTypeAndOp");
   const int n = GetParam();
+  const size_t kSmall = hvd_test::FastOptions().small_allreduce_bytes;
   std::vector<Case> cases;
   for (DataType dt : kAllTypes) {
+    const size_t at_switch = kSmall / DataTypeSize(dt);  // largest direct count
     for (ReduceOp op : kOps) {
-      // 1 and n-1 elements (fewer than ranks), odd sizes, around the 64 KB
-      // direct/ring switch for 4-byte types, and > 64 KB / > one ring chunk.
       for (size_t count : {size_t{1}, size_t(std::max(1, n - 1)), size_t{7}, size_t{1000},
-                           size_t{16384}, size_t{16385}}) {
+                           at_switch + 1}) {
         cases.push_back({dt, op, count});
       }
     }
+    cases.push_back({dt, ReduceOp::kSum, at_switch});
   }
-  for (DataType dt : {DataType::kFloat32, DataType::kInt32, DataType::kFloat16}) {
-    for (ReduceOp op : kOps) cases.push_back({dt, op, 100003});  // 2 ring chunks per segment
-  }
-  for (DataType dt : kAllTypes) cases.push_back({dt, ReduceOp::kMax, 150001});
   RunAllreduceCases(world_, cases, 1000);
+}
+
+// Large buffers on the ring: > 64 KB, counts not divisible by the number of
+// ranks, and (1 MB) segments longer than one 256 KB ring chunk even on 4 ranks.
+TEST_P(TcpCollectives, AllreduceLarge) {
+  Watchdog wd(60, "AllreduceLarge");
+  const size_t kChunk = hvd_test::FastOptions().ring_chunk_bytes;
+  std::vector<Case> cases;
+  for (DataType dt : {DataType::kFloat32, DataType::kInt32, DataType::kFloat16}) {
+    for (ReduceOp op : kOps) cases.push_back({dt, op, 100003});
+  }
+  cases.push_back({DataType::kFloat32, ReduceOp::kSum, 4 * kChunk / 4 + 7});
+  cases.push_back({DataType::kInt32, ReduceOp::kMax, 4 * kChunk / 4 + 7});
+  cases.push_back({DataType::kFloat16, ReduceOp::kSum, 4 * kChunk / 2 + 7});
+  RunAllreduceCases(world_, cases, 2000);
 }
 
 // Arbitrary floats: results depend on the reduction order, so only cross-rank

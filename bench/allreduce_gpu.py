@@ -1,0 +1,96 @@
+"""hvd.allreduce vs torch.distributed (NCCL) all_reduce on CUDA tensors: same
+processes, same GPUs, same run. Prints median time per op, bus bandwidth and the ratio.
+
+    python bench/allreduce_gpu.py [--np N] [--iters 20]
+
+Launches itself under horovodrun with one process per GPU (default: all GPUs).
+"""
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _fmt(n: int) -> str:
+    return f"{n >> 20} MB" if n >= 1 << 20 else f"{n >> 10} KB"
+
+
+def worker(iters: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import horovod_torch as hvd
+    hvd.init()
+    torch.cuda.set_device(hvd.local_rank())
+    dev = torch.device("cuda", hvd.local_rank())
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{os.environ['BENCH_PORT']}",
+                            rank=hvd.rank(), world_size=hvd.size(), device_id=dev)
+    rows = []
+    for nbytes in SIZES:
+        t = torch.ones(nbytes // 4, dtype=torch.float32, device=dev)
+        times = {"hvd": [], "nccl": []}
+        for rep in range(6):  # blocks alternate between the two; block 0 warms up
+            for lib in ("hvd", "nccl"):
+                dist.barrier()
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                for _ in range(iters):
+                    if lib == "hvd":
+                        hvd.allreduce_(t, name=f"bench.{nbytes}", op=hvd.Sum)
+                    else:
+                        dist.all_reduce(t)
+                torch.cuda.synchronize()
+                if rep > 0:
+                    times[lib].append((time.perf_counter() - start) / iters)
+        med = {k: torch.tensor([statistics.median(v)], dtype=torch.float64, device=dev)
+               for k, v in times.items()}
+        for v in med.values():
+            dist.all_reduce(v, op=dist.ReduceOp.MAX)
+        rows.append((nbytes, med["hvd"].item(), med["nccl"].item()))
+    if hvd.rank() == 0:
+        print(f"\nallreduce float32 on {hvd.size()} x {torch.cuda.get_device_name(dev)}, "
+              f"median per-op time (torch {torch.__version__}, NCCL "
+              f"{'.'.join(map(str, torch.cuda.nccl.version()))}, hvd NCCL code "
+              f"{hvd.nccl_built()})")
+        print(f"{'size':>8} {'hvd us':>10} {'torch us':>10} {'hvd/torch':>9} "
+              f"{'hvd busbw GB/s':>15}")
+        n = hvd.size()
+        for nbytes, th, tt in rows:
+            busbw = 2 * (n - 1) / n * nbytes / th / 1e9
+            print(f"{_fmt(nbytes):>8} {th * 1e6:10.1f} {tt * 1e6:10.1f} {tt / th:8.2f}x "
+                  f"{busbw:15.1f}")
+        sys.stdout.flush()
+    dist.destroy_process_group()
+    hvd.shutdown()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--np", type=int, default=0, help="processes (default: one per GPU)")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        worker(args.iters)
+        return
+    import torch
+    n = args.np or torch.cuda.device_count()
+    env = dict(os.environ, BENCH_PORT=str(_free_port()), NCCL_NVLS_ENABLE="0")
+    cmd = [sys.executable, "-m", "horovod_torch.runner", "-np", str(n), "--disable-prefix",
+           sys.executable, os.path.abspath(__file__), "--worker", "--iters", str(args.iters)]
+    sys.exit(subprocess.call(cmd, env=env))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Training throughput: hvd.DistributedOptimizer vs DistributedDataParallel (NCCL) on
+the same GPUs, same processes, same run. Synthetic data, img/s (or tokens/s).
+
+    python bench/train_gpu.py [--model resnet50] [--batch-size 64] [--np N]
+
+Models: any torchvision model name (fp32), or `transformer` (~350M parameters, bf16
+autocast). Prints per-GPU and total throughput of each, the ratio, and the peak GPU
+memory of each.
+"""
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _build(name, dev):
+    import torch
+    import torch.nn as nn
+    if name == "transformer":
+        layer = nn.TransformerEncoderLayer(d_model=1024, nhead=16, dim_feedforward=4096,
+                                           batch_first=True, norm_first=True)
+        model = nn.Sequential(nn.Embedding(32000, 1024), nn.TransformerEncoder(layer, 24),
+                              nn.Linear(1024, 32000))
+        return model.to(dev)
+    import torchvision.models as models
+    return getattr(models, name)(num_classes=1000).to(dev)
+
+
+def worker(args) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    import horovod_torch as hvd
+    hvd.init()
+    torch.cuda.set_device(hvd.local_rank())
+    dev = torch.device("cuda", hvd.local_rank())
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{os.environ['BENCH_PORT']}",
+                            rank=hvd.rank(), world_size=hvd.size(), device_id=dev)
+    torch.backends.cudnn.benchmark = True
+    is_lm = args.model == "transformer"
+    if is_lm:
+        data = torch.randint(0, 32000, (args.batch_size, 512), device=dev)
+        target = torch.randint(0, 32000, (args.batch_size, 512), device=dev)
+    else:
+        data = torch.randn(args.batch_size, 3, 224, 224, device=dev)
+        target = torch.randint(0, 1000, (args.batch_size,), device=dev)
+
+    def make(lib):
+        torch.manual_seed(0)
+        model = _build(args.model, dev)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        if lib == "hvd":
+            opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            return model, model, opt
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index])
+        return model, ddp, opt
+
+    def step(net, opt):
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=is_lm):
+            out = net(data)
+            if is_lm:
+                loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1))
+            else:
+                loss = F.cross_entropy(out, target)
+        loss.backward()
+        opt.step()
+
+    results = {}
+    for lib in (["ddp", "hvd"] if args.ddp_first else ["hvd", "ddp"]):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(dev)
+        model, net, opt = make(lib)
+        for _ in range(args.warmup):
+            step(net, opt)
+        torch.cuda.synchronize()
+        rates = []
+        for _ in range(args.iters):
+            dist.barrier()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                step(net, opt)
+            torch.cuda.synchronize()
+            rates.append(args.batch_size * args.steps / (time.perf_counter() - t0))
+        results[lib] = (statistics.median(rates), torch.cuda.max_memory_allocated(dev))
+        del model, net, opt
+    rate = {k: torch.tensor([v[0]], device=dev) for k, v in results.items()}
+    for v in rate.values():
+        dist.all_reduce(v, op=dist.ReduceOp.MIN)  # the slowest rank sets the pace
+    if hvd.rank() == 0:
+        unit = "seq/s" if is_lm else "img/s"
+        n = hvd.size()
+        print(f"\n{args.model} batch {args.batch_size}/GPU on {n} x "
+              f"{torch.cuda.get_device_name(dev)} (torch {torch.__version__})")
+        print(f"{'':6} {unit + '/GPU':>12} {'total':>10} {'peak MiB':>9}")
+        for lib in ("hvd", "ddp"):
+            r = rate[lib].item()
+            print(f"{lib:6} {r:12.1f} {r * n:10.1f} {results[lib][1] / 2**20:9.0f}")
+        print(f"hvd/ddp throughput ratio: {rate['hvd'].item() / rate['ddp'].item():.3f}")
+        sys.stdout.flush()
+    dist.destroy_process_group()
+    hvd.shutdown()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="resnet50")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--np", type=int, default=0)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--ddp-first", action="store_true")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    import torch
+    n = args.np or torch.cuda.device_count()
+    env = dict(os.environ, BENCH_PORT=str(_free_port()), NCCL_NVLS_ENABLE="0")
+    cmd = [sys.executable, "-m", "horovod_torch.runner", "-np", str(n), "--disable-prefix",
+           sys.executable, os.path.abspath(__file__), "--worker", "--model", args.model,
+           "--batch-size", str(args.batch_size), "--warmup", str(args.warmup),
+           "--iters", str(args.iters), "--steps", str(args.steps)] + \
+        (["--ddp-first"] if args.ddp_first else [])
+    sys.exit(subprocess.call(cmd, env=env))
+
+
+if __name__ == "__main__":
+    main()

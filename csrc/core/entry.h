@@ -1,0 +1,27 @@
+// One submitted op as the core tracks it until it completes.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <memory>
+
+#include "core/handles.h"
+#include "wire/message.h"
+
+namespace hvd {
+
+// One op as submitted by Python. The request's rank, dtype, shape and device are
+// filled in by Runtime::Submit from the tensor.
+struct Submission {
+  Request request;
+  at::Tensor input;
+  at::Tensor output;  // allreduce / broadcast: where the result goes (may alias input)
+};
+
+struct Entry {
+  Submission sub;
+  std::shared_ptr<HandleState> handle;
+  std::shared_ptr<GpuEvent> ready;  // CUDA tensors: recorded on the caller's stream
+};
+
+}  // namespace hvd

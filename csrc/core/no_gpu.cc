@@ -1,0 +1,12 @@
+// Registry for builds without CUDA/NCCL: there is no GPU data plane.
+#include "core/gpu_backend.h"
+
+namespace hvd {
+
+std::unique_ptr<GpuBackend> CreateGpuBackend(ControlPlane*, int, int, const Config&) {
+  return nullptr;
+}
+
+int NcclVersionBuilt() { return 0; }
+
+}  // namespace hvd

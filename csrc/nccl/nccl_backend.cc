@@ -1,0 +1,348 @@
+#include "nccl/nccl_backend.h"
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <cuda_runtime_api.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <cstring>
+#include <numeric>
+
+namespace hvd {
+namespace {
+
+#define HVD_NCCL(call, comm)                                                        \
+  do {                                                                              \
+    ncclResult_t _r = (call);                                                       \
+    if (_r != ncclSuccess) {                                                        \
+      return Status::Aborted(std::string("NCCL error in " #call ": ") +             \
+                             ncclGetErrorString(_r) + " (" + ncclGetLastError(comm) + \
+                             ")");                                                  \
+    }                                                                               \
+  } while (0)
+
+// A CUDA event (timing disabled) owned by this object.
+class NcclEvent : public GpuEvent {
+ public:
+  explicit NcclEvent(int device) : device_(device) {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    cudaEventCreateWithFlags(&event_, cudaEventDisableTiming);
+  }
+  ~NcclEvent() override {
+    if (event_ != nullptr) cudaEventDestroy(event_);
+  }
+  NcclEvent(const NcclEvent&) = delete;
+  NcclEvent& operator=(const NcclEvent&) = delete;
+
+  void Record(const c10::cuda::CUDAStream& s) { cudaEventRecord(event_, s.stream()); }
+  void Block(const c10::cuda::CUDAStream& s) { cudaStreamWaitEvent(s.stream(), event_, 0); }
+  bool Ready() override { return cudaEventQuery(event_) == cudaSuccess; }
+  void BlockCurrentStream(const at::Tensor& result) override {
+    auto stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_));
+    Block(stream);
+    if (result.defined() && result.is_cuda()) {
+      c10::cuda::CUDACachingAllocator::recordStream(result.storage().data_ptr(), stream);
+    }
+  }
+
+ private:
+  int device_;
+  cudaEvent_t event_ = nullptr;
+};
+
+// NCCL has no int16 or bool: int16 is reduced as int32, bool as uint8 with
+// Max for "or" and Min for "and". Data movement uses bytes (ncclUint8).
+ncclDataType_t NcclType(at::ScalarType t) {
+  switch (t) {
+    case at::kByte: return ncclUint8;
+    case at::kBool: return ncclUint8;
+    case at::kChar: return ncclInt8;
+    case at::kInt: return ncclInt32;
+    case at::kLong: return ncclInt64;
+    case at::kHalf: return ncclFloat16;
+    case at::kBFloat16: return ncclBfloat16;
+    case at::kFloat: return ncclFloat32;
+    case at::kDouble: return ncclFloat64;
+    default: return ncclInt32;  // int16 is widened first
+  }
+}
+
+ncclRedOp_t NcclOp(ReduceOp op, bool is_bool) {
+  switch (op) {
+    case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kProduct: return is_bool ? ncclMin : ncclProd;
+    default: return is_bool ? ncclMax : ncclSum;
+  }
+}
+
+// Scales in place; integer tensors are scaled in double and truncated back, as
+// on the CPU path.
+void Scale(at::Tensor& t, double f) {
+  if (f == 1.0) return;
+  if (at::isFloatingType(t.scalar_type())) {
+    t.mul_(f);
+  } else {
+    t.copy_(t.to(at::kDouble).mul_(f));
+  }
+}
+
+size_t Bytes(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
+
+int64_t RowBytes(const at::Tensor& t) {
+  int64_t n = t.element_size();
+  for (int64_t i = 1; i < t.dim(); ++i) n *= t.size(i);
+  return n;
+}
+
+// The tensor NCCL reduces: int16 widened, bool viewed as bytes, else itself.
+at::Tensor Reducible(const at::Tensor& t) {
+  if (t.scalar_type() == at::kShort) return t.to(at::kInt);
+  if (t.scalar_type() == at::kBool) return t.view(at::kByte);
+  return t;
+}
+
+}  // namespace
+
+NcclBackend::~NcclBackend() {
+  for (auto& kv : devices_) {
+    if (kv.second.comm != nullptr) ncclCommDestroy(kv.second.comm);
+  }
+}
+
+void NcclBackend::Abort() {
+  for (auto& kv : devices_) {
+    if (kv.second.comm != nullptr) ncclCommAbort(kv.second.comm);
+    kv.second.comm = nullptr;
+  }
+}
+
+std::shared_ptr<GpuEvent> NcclBackend::RecordReady(const at::Tensor& tensor) {
+  int device = tensor.device().index();
+  auto ev = std::make_shared<NcclEvent>(device);
+  ev->Record(c10::cuda::getCurrentCUDAStream(device));
+  return ev;
+}
+
+Status NcclBackend::Ensure(int device, Device** out) {
+  Device& d = devices_[device];
+  if (d.comm == nullptr) {
+    std::string id_bytes;
+    ncclUniqueId id;
+    if (rank_ == 0) {
+      HVD_NCCL(ncclGetUniqueId(&id), nullptr);
+      id_bytes.assign(reinterpret_cast<const char*>(&id), sizeof(id));
+    }
+    HVD_RETURN_IF_ERROR(control_->Bcast(&id_bytes));
+    if (id_bytes.size() != sizeof(id)) return Status::Aborted("bad NCCL unique id from rank 0");
+    std::memcpy(&id, id_bytes.data(), sizeof(id));
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    HVD_NCCL(ncclCommInitRank(&d.comm, size_, id, rank_), nullptr);
+    d.stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/true,
+                                            static_cast<c10::DeviceIndex>(device));
+  }
+  *out = &d;
+  return Status::Ok();
+}
+
+Status NcclBackend::Execute(const std::vector<Response>& batch, std::vector<Entry>& entries) {
+  const int device = entries[0].sub.input.device().index();
+  Device* d = nullptr;
+  HVD_RETURN_IF_ERROR(Ensure(device, &d));
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  const c10::cuda::CUDAStream& stream = *d->stream;
+  for (auto& e : entries) static_cast<NcclEvent*>(e.ready.get())->Block(stream);
+  c10::cuda::CUDAStreamGuard stream_guard(stream);
+
+  const Response& r = batch[0];
+  std::vector<at::Tensor> outs(entries.size());
+  at::Tensor splits;
+  switch (r.type) {
+    case OpType::kAllreduce:
+      HVD_RETURN_IF_ERROR(Allreduce(*d, batch, entries));
+      for (size_t i = 0; i < entries.size(); ++i) outs[i] = entries[i].sub.output;
+      break;
+    case OpType::kAllgather:
+      HVD_RETURN_IF_ERROR(Allgather(*d, r, entries[0], &outs[0]));
+      break;
+    case OpType::kBroadcast:
+      HVD_RETURN_IF_ERROR(Broadcast(*d, r, entries[0], &outs[0]));
+      break;
+    case OpType::kAlltoall:
+      HVD_RETURN_IF_ERROR(Alltoall(*d, r, entries[0], &outs[0], &splits));
+      break;
+    case OpType::kReducescatter:
+      HVD_RETURN_IF_ERROR(Reducescatter(*d, r, entries[0], &outs[0]));
+      break;
+    case OpType::kBarrier:
+      return Status::Aborted("internal: barrier sent to the GPU backend");
+  }
+  auto done = std::make_shared<NcclEvent>(device);
+  done->Record(stream);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    // Memory used on our stream must not be reused before that work finishes.
+    c10::cuda::CUDACachingAllocator::recordStream(entries[i].sub.input.storage().data_ptr(),
+                                                  stream);
+    entries[i].handle->Complete(Status::Ok(), outs[i], i == 0 ? splits : at::Tensor(), done);
+  }
+  return Status::Ok();
+}
+
+Status NcclBackend::ReduceInPlace(Device& d, at::Tensor buf, const Response& r) {
+  at::Tensor work = Reducible(buf);
+  const bool is_bool = buf.scalar_type() == at::kBool;
+  Scale(work, r.prescale);
+  HVD_NCCL(ncclAllReduce(work.data_ptr(), work.data_ptr(), work.numel(),
+                         NcclType(work.scalar_type()), NcclOp(r.op, is_bool), d.comm, *d.stream),
+           d.comm);
+  Scale(work, r.postscale * (r.op == ReduceOp::kAverage ? 1.0 / size_ : 1.0));
+  if (!work.is_same(buf) && work.data_ptr() != buf.data_ptr()) buf.copy_(work);
+  return Status::Ok();
+}
+
+Status NcclBackend::Allreduce(Device& d, const std::vector<Response>& batch,
+                              std::vector<Entry>& entries) {
+  const Response& r = batch[0];
+  if (entries.size() == 1) {
+    Entry& e = entries[0];
+    at::Tensor& out = e.sub.output;
+    if (!out.is_same(e.sub.input)) out.copy_(e.sub.input);
+    return ReduceInPlace(d, out.view(-1), r);
+  }
+  // Fused: one cat kernel packs, one reduction, one multi-tensor copy unpacks.
+  size_t bytes = 0;
+  std::vector<at::Tensor> flat_in, flat_out;
+  std::vector<int64_t> numels;
+  for (auto& e : entries) {
+    bytes += Bytes(e.sub.input);
+    flat_in.push_back(e.sub.input.view(-1));
+    flat_out.push_back(e.sub.output.view(-1));
+    numels.push_back(e.sub.input.numel());
+  }
+  size_t want = std::max<size_t>(bytes, static_cast<size_t>(config_.fusion_threshold_bytes));
+  if (!d.fusion.defined() || Bytes(d.fusion) < bytes) {
+    d.fusion = at::empty({static_cast<int64_t>(want)},
+                         entries[0].sub.input.options().dtype(at::kByte));
+  }
+  at::Tensor buf = d.fusion.narrow(0, 0, static_cast<int64_t>(bytes))
+                       .view(entries[0].sub.input.scalar_type());
+  at::cat_out(buf, flat_in, 0);
+  HVD_RETURN_IF_ERROR(ReduceInPlace(d, buf, r));
+  at::_foreach_copy_(flat_out, buf.split_with_sizes(numels));
+  return Status::Ok();
+}
+
+Status NcclBackend::Allgather(Device& d, const Response& r, Entry& e, at::Tensor* out) {
+  const at::Tensor& in = e.sub.input;
+  const int64_t row = RowBytes(in);
+  std::vector<int64_t> shape(in.sizes().begin(), in.sizes().end());
+  shape[0] = std::accumulate(r.rank_rows.begin(), r.rank_rows.end(), int64_t{0});
+  *out = at::empty(shape, in.options());
+  char* dst = static_cast<char*>(out->data_ptr());
+  bool even = std::all_of(r.rank_rows.begin(), r.rank_rows.end(),
+                          [&](int64_t x) { return x == r.rank_rows[0]; });
+  if (even) {
+    HVD_NCCL(ncclAllGather(in.data_ptr(), dst, r.rank_rows[0] * row, ncclUint8, d.comm,
+                           *d.stream),
+             d.comm);
+    return Status::Ok();
+  }
+  // Uneven first dimensions: each rank broadcasts its block into place.
+  HVD_NCCL(ncclGroupStart(), d.comm);
+  int64_t off = 0;
+  for (int p = 0; p < size_; ++p) {
+    int64_t n = r.rank_rows[p] * row;
+    if (n > 0) {
+      ncclBroadcast(p == rank_ ? in.data_ptr() : dst + off, dst + off, n, ncclUint8, p, d.comm,
+                    *d.stream);
+    }
+    off += n;
+  }
+  HVD_NCCL(ncclGroupEnd(), d.comm);
+  return Status::Ok();
+}
+
+Status NcclBackend::Broadcast(Device& d, const Response& r, Entry& e, at::Tensor* out) {
+  *out = e.sub.output;
+  if (rank_ == r.root && !out->is_same(e.sub.input)) out->copy_(e.sub.input);
+  HVD_NCCL(ncclBroadcast(out->data_ptr(), out->data_ptr(), Bytes(*out), ncclUint8, r.root,
+                         d.comm, *d.stream),
+           d.comm);
+  return Status::Ok();
+}
+
+Status NcclBackend::Alltoall(Device& d, const Response& r, Entry& e, at::Tensor* out,
+                             at::Tensor* splits) {
+  const at::Tensor& in = e.sub.input;
+  const int64_t row = RowBytes(in);
+  *splits = at::empty({size_}, at::kInt);
+  int64_t rows = 0;
+  for (int p = 0; p < size_; ++p) {
+    splits->data_ptr<int32_t>()[p] = static_cast<int32_t>(r.rank_rows[p * size_ + rank_]);
+    rows += r.rank_rows[p * size_ + rank_];
+  }
+  std::vector<int64_t> shape(in.sizes().begin(), in.sizes().end());
+  shape[0] = rows;
+  *out = at::empty(shape, in.options());
+  char* src = static_cast<char*>(in.data_ptr());
+  char* dst = static_cast<char*>(out->data_ptr());
+  HVD_NCCL(ncclGroupStart(), d.comm);
+  int64_t soff = 0, roff = 0;
+  for (int p = 0; p < size_; ++p) {
+    int64_t sn = r.rank_rows[rank_ * size_ + p] * row;
+    int64_t rn = r.rank_rows[p * size_ + rank_] * row;
+    if (sn > 0) ncclSend(src + soff, sn, ncclUint8, p, d.comm, *d.stream);
+    if (rn > 0) ncclRecv(dst + roff, rn, ncclUint8, p, d.comm, *d.stream);
+    soff += sn;
+    roff += rn;
+  }
+  HVD_NCCL(ncclGroupEnd(), d.comm);
+  return Status::Ok();
+}
+
+Status NcclBackend::Reducescatter(Device& d, const Response& r, Entry& e, at::Tensor* out) {
+  const at::Tensor& in = e.sub.input;
+  const int64_t dim0 = in.size(0);
+  std::vector<int64_t> rows(size_);
+  for (int p = 0; p < size_; ++p) rows[p] = dim0 / size_ + (p < dim0 % size_ ? 1 : 0);
+  std::vector<int64_t> shape(in.sizes().begin(), in.sizes().end());
+  shape[0] = rows[rank_];
+  *out = at::empty(shape, in.options());
+  at::Tensor work = Reducible(in);
+  if (r.prescale != 1.0) {
+    work = work.is_same(in) || work.data_ptr() == in.data_ptr() ? work.clone() : work;
+    Scale(work, r.prescale);
+  }
+  at::Tensor out_work = Reducible(*out);
+  if (out_work.data_ptr() == out->data_ptr() && out->scalar_type() == at::kShort) {
+    out_work = at::empty(shape, in.options().dtype(at::kInt));
+  }
+  const int64_t elems_per_row = in.numel() / std::max<int64_t>(1, dim0);
+  const size_t esize = work.element_size();
+  const bool is_bool = in.scalar_type() == at::kBool;
+  const ncclDataType_t dt = NcclType(work.scalar_type());
+  const ncclRedOp_t op = NcclOp(r.op, is_bool);
+  bool even = dim0 % size_ == 0;
+  if (even) {
+    HVD_NCCL(ncclReduceScatter(work.data_ptr(), out_work.data_ptr(), rows[0] * elems_per_row, dt,
+                               op, d.comm, *d.stream),
+             d.comm);
+  } else {
+    // Uneven split: one reduce per segment, rooted at the rank that keeps it.
+    HVD_NCCL(ncclGroupStart(), d.comm);
+    int64_t off = 0;
+    for (int p = 0; p < size_; ++p) {
+      int64_t n = rows[p] * elems_per_row;
+      if (n > 0) {
+        ncclReduce(static_cast<char*>(work.data_ptr()) + off * esize, out_work.data_ptr(), n, dt,
+                   op, p, d.comm, *d.stream);
+      }
+      off += n;
+    }
+    HVD_NCCL(ncclGroupEnd(), d.comm);
+  }
+  Scale(out_work, r.postscale * (r.op == ReduceOp::kAverage ? 1.0 / size_ : 1.0));
+  if (out_work.data_ptr() != out->data_ptr()) out->copy_(out_work);
+  return Status::Ok();
+}
+
+}  // namespace hvd

@@ -1,0 +1,61 @@
+// NCCL data plane for CUDA tensors (DESIGN.md §4).
+//
+// - One communicator per device, created on first use from a unique id that rank 0
+//   sends over the control plane (every rank reaches that point at the same
+//   response, so the creation is collective).
+// - One dedicated stream per device. Each op's stream waits on the tensor's ready
+//   event (recorded on the caller's stream at submission): no device-wide sync.
+// - Fusion buffer on the device, allocated once through PyTorch's caching
+//   allocator with the fusion threshold's size; packing is one batched cat kernel,
+//   unpacking one multi-tensor copy, scaling one kernel over the fused buffer.
+// - Completion: a done event recorded after the op completes the handle at once;
+//   synchronize() makes the caller's stream wait on it. The background loop never
+//   waits for the GPU.
+//
+// Threading: see core/gpu_backend.h.
+#pragma once
+
+#include <c10/cuda/CUDAStream.h>
+#include <nccl.h>
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "core/gpu_backend.h"
+
+namespace hvd {
+
+class NcclBackend : public GpuBackend {
+ public:
+  NcclBackend(ControlPlane* control, int rank, int size, const Config& config)
+      : control_(control), rank_(rank), size_(size), config_(config) {}
+  ~NcclBackend() override;
+
+  std::shared_ptr<GpuEvent> RecordReady(const at::Tensor& tensor) override;
+  Status Execute(const std::vector<Response>& batch, std::vector<Entry>& entries) override;
+  void Abort() override;
+
+ private:
+  struct Device {
+    ncclComm_t comm = nullptr;
+    c10::optional<c10::cuda::CUDAStream> stream;
+    at::Tensor fusion;  // uint8, fusion_threshold bytes, allocated on first fused op
+  };
+  Status Ensure(int device, Device** out);
+  Status Allreduce(Device& d, const std::vector<Response>& batch, std::vector<Entry>& entries);
+  Status Allgather(Device& d, const Response& r, Entry& e, at::Tensor* out);
+  Status Broadcast(Device& d, const Response& r, Entry& e, at::Tensor* out);
+  Status Alltoall(Device& d, const Response& r, Entry& e, at::Tensor* out, at::Tensor* splits);
+  Status Reducescatter(Device& d, const Response& r, Entry& e, at::Tensor* out);
+  // Reduces `buf` in place (count elements) with the response's op and scales.
+  Status ReduceInPlace(Device& d, at::Tensor buf, const Response& r);
+
+  ControlPlane* control_;  // borrowed from the Runtime
+  int rank_;
+  int size_;
+  Config config_;
+  std::map<int, Device> devices_;  // background thread only
+};
+
+}  // namespace hvd

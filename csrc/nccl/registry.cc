@@ -1,0 +1,13 @@
+// Registry for builds with CUDA and NCCL: the GPU data plane is NcclBackend.
+#include "nccl/nccl_backend.h"
+
+namespace hvd {
+
+std::unique_ptr<GpuBackend> CreateGpuBackend(ControlPlane* control, int rank, int size,
+                                             const Config& config) {
+  return std::make_unique<NcclBackend>(control, rank, size, config);
+}
+
+int NcclVersionBuilt() { return NCCL_VERSION_CODE; }
+
+}  // namespace hvd

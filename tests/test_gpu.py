@@ -1,0 +1,62 @@
+"""GPU tests (NCCL data plane). They need 2+ CUDA GPUs and run on the lent GPU
+machine: `pytest -m gpu tests/test_gpu.py`."""
+import os
+
+import pytest
+import torch
+
+from tests.harness import run_workers
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"),
+]
+GPU_ENV = {"NCCL_NVLS_ENABLE": "0"}
+
+
+def test_nccl_is_built():
+    import horovod_torch as hvd
+    assert hvd.nccl_built() > 0 and hvd.cuda_built()
+
+
+def test_all_collectives_all_dtypes_on_gpu():
+    run_workers("tests.workers:all_collectives", 2, args=[0, "cuda"], env=GPU_ENV, timeout=240)
+
+
+def test_out_of_order_and_hundreds_of_small_tensors_on_gpu():
+    run_workers("tests.workers:out_of_order_and_many", 2, args=["cuda"], env=GPU_ENV,
+                timeout=240)
+
+
+def test_mixed_cpu_and_gpu_tensors():
+    results = run_workers("tests.workers:mixed_cpu_gpu", 2, env=GPU_ENV, timeout=240)
+    for r in results:
+        print(r.output.strip())
+
+
+@pytest.mark.parametrize("opt,op,bpps", [("sgd", "average", 1), ("adam", "sum", 2)])
+def test_optimizer_exactness_on_gpu(opt, op, bpps):
+    run_workers("tests.train_workers:exactness", 2, args=[opt, op, bpps, "none", "cuda"],
+                env=GPU_ENV, timeout=240)
+
+
+def test_amp_with_gradscaler():
+    run_workers("tests.train_workers:amp_gradscaler", 2, env=GPU_ENV, timeout=240)
+
+
+def test_dead_peer_with_nccl_communicator():
+    results = run_workers("tests.workers:dead_peer", 2, args=["kill", "cuda"], env=GPU_ENV,
+                          timeout=240, expect_ok=False)
+    assert results[0].returncode == 0 and "dead peer noticed" in results[0].output, \
+        results[0].output
+
+
+def test_elastic_reset_with_nccl(tmp_path):
+    from tests.test_elastic import _finals, _run
+    rc, out = _run(tmp_path, "localhost:2", {"KILL_RANK": "1", "KILL_STEP": "15",
+                                             "DEVICE": "cuda", **GPU_ENV},
+                   ["-np", "2", "--min-np", "1", "--max-np", "2",
+                    "--blacklist-cooldown-range", "1", "2"])
+    assert rc == 0, out
+    finals = _finals(out)
+    assert finals and all(f["same"] == "True" and f["step"] == "40" for f in finals), out
