@@ -82,7 +82,9 @@ def main() -> None:
         worker(args.iters)
         return
     for n in args.np or [2, 4]:
-        env = dict(os.environ, BENCH_PORT=str(_free_port()), OMP_NUM_THREADS="1")
+        env = dict(os.environ, BENCH_PORT=str(_free_port()),
+               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(
+                   __file__))), os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1")
         cmd = [sys.executable, "-m", "horovod_torch.runner", "-np", str(n), "--disable-prefix",
                sys.executable, os.path.abspath(__file__), "--worker", "--iters", str(args.iters)]
         rc = subprocess.call(cmd, env=env)

@@ -130,7 +130,9 @@ def main() -> None:
         return
     import torch
     n = args.np or torch.cuda.device_count()
-    env = dict(os.environ, BENCH_PORT=str(_free_port()), NCCL_NVLS_ENABLE="0")
+    env = dict(os.environ, BENCH_PORT=str(_free_port()),
+               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(
+                   __file__))), os.environ.get("PYTHONPATH", "")]), NCCL_NVLS_ENABLE="0")
     cmd = [sys.executable, "-m", "horovod_torch.runner", "-np", str(n), "--disable-prefix",
            sys.executable, os.path.abspath(__file__), "--worker", "--model", args.model,
            "--batch-size", str(args.batch_size), "--warmup", str(args.warmup),

@@ -1,8 +1,8 @@
 // Minimal rank-prefixed logging to stderr. The level is set once by the Runtime.
 #pragma once
 
-#include <sstream>
 #include <string>
+#include <type_traits>
 
 namespace hvd {
 
@@ -13,15 +13,30 @@ void SetLogRank(int rank);
 bool LogEnabled(LogLevel level);
 void LogLine(LogLevel level, const std::string& text);
 
+// Collects one line. Built on std::string rather than iostreams, which can crash
+// when the extension and the host process carry different libstdc++ builds.
 class LogMessage {
  public:
   explicit LogMessage(LogLevel level) : level_(level) {}
-  ~LogMessage() { LogLine(level_, stream_.str()); }
-  std::ostringstream& stream() { return stream_; }
+  ~LogMessage() { LogLine(level_, text_); }
+  LogMessage& stream() { return *this; }
+  LogMessage& operator<<(const std::string& s) {
+    text_ += s;
+    return *this;
+  }
+  LogMessage& operator<<(const char* s) {
+    text_ += s;
+    return *this;
+  }
+  template <typename T, typename = std::enable_if_t<std::is_arithmetic_v<T>>>
+  LogMessage& operator<<(T v) {
+    text_ += std::to_string(v);
+    return *this;
+  }
 
  private:
   LogLevel level_;
-  std::ostringstream stream_;
+  std::string text_;
 };
 
 }  // namespace hvd

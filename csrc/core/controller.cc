@@ -1,27 +1,28 @@
 #include "core/controller.h"
 
 #include <algorithm>
-#include <sstream>
 
 #include "common/check.h"
 
 namespace hvd {
 namespace {
 
+// Plain string building (no iostreams: the extension may meet a different
+// libstdc++ in the host process, and its locale facets then crash integer output).
 std::string ShapeStr(const std::vector<int64_t>& shape) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
-  os << "]";
-  return os.str();
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
 }
 
-// Builds "rank 0 has X, rank 1 has Y" for the first field that differs.
+// Builds "rank 0 has X, rank 1 has Y".
 template <typename F>
 std::string Disagreement(const std::vector<Request>& reqs, F field) {
-  std::ostringstream os;
-  for (size_t r = 0; r < reqs.size(); ++r) os << (r ? ", " : "") << "rank " << r << " has " << field(reqs[r]);
-  return os.str();
+  std::string s;
+  for (size_t r = 0; r < reqs.size(); ++r) {
+    s += (r ? ", rank " : "rank ") + std::to_string(r) + " has " + field(reqs[r]);
+  }
+  return s;
 }
 
 }  // namespace

@@ -529,11 +529,13 @@ TEST(Controller, CacheCapacityDisagreementIsReported) {
 }
 
 // BUG: capacities that fit the same number of 64-bit words (here 2 and 3) are
-// not detected. The caches then evict differently, and a name that one rank
-// still has cached is re-sent in full by the other: the coordinator waits for
-// a full request that never comes and the tensor is never released (a hang in
-// the real runtime). Expected: an error naming HOROVOD_CACHE_CAPACITY, or the
-// tensor released on both ranks.
+// not detected. The caches then evict differently and the same bit position
+// means different tensors on different ranks: rank 0 (capacity 2) evicted A and
+// put C at A's position 0; rank 1 (capacity 3) still has A at 0 and C at 2.
+// When both submit A and C, bit 0 is set on both ranks, so rank 0 executes C
+// while rank 1 executes A in the same slot (wrong data or a hang), and A, sent
+// in full by rank 0 only, is never released. Expected: an error naming
+// HOROVOD_CACHE_CAPACITY, or identical responses with A and C on both ranks.
 TEST(Controller, CacheCapacityDisagreementWithinOneWord) {
   Watchdog wd(30, "CacheCapacityDisagreementWithinOneWord");
   Ranks ranks;
@@ -544,16 +546,18 @@ TEST(Controller, CacheCapacityDisagreementWithinOneWord) {
                    {{0, {Req("A", {1})}}, {1, {Req("B", {2})}}, {2, {Req("C", {3})}}}};
   RunLog l1 = RunCycles(ranks, fill, 3);
   ASSERT_NO_FATAL_FAILURE(ExpectIdentical(l1, 3));
-  Schedule again = {{{0, {Req("A", {1})}}}, {{0, {Req("A", {1})}}}};
-  RunLog l2 = RunCycles(ranks, again, 4);
+  Schedule again = {{{0, {Req("A", {1}), Req("C", {3})}}}, {{0, {Req("A", {1}), Req("C", {3})}}}};
+  RunLog l2 = RunCycles(ranks, again, 3);
   bool reported = false;
   for (auto& s : l2.status) {
     if (!s.ok() && s.message().find("HOROVOD_CACHE_CAPACITY") != std::string::npos) reported = true;
   }
   if (!reported) {
-    ASSERT_NO_FATAL_FAILURE(ExpectIdentical(l2, 4));
-    EXPECT_EQ(ReleaseCycles(l2).count("A"), 1u)
-        << "'A' was never released: rank 0 re-sent it in full, rank 1 only set a cache bit";
+    ExpectIdentical(l2, 3);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_NE(Find(l2, r, "A"), nullptr) << "rank " << r << " never got A";
+      EXPECT_NE(Find(l2, r, "C"), nullptr) << "rank " << r << " never got C";
+    }
   }
 }
 
