@@ -15,8 +15,6 @@ from horovod_torch.compression import Compression
 
 _name_lock = threading.Lock()
 _counters: Dict[str, "itertools.count"] = {}
-# handle -> tensors kept alive until synchronize() (inputs may be temporaries).
-_handle_map: Dict[int, tuple] = {}
 
 
 class ProcessSet:
@@ -81,9 +79,7 @@ def _submit(kind: int, inputs: List[torch.Tensor], outputs: List[Optional[torch.
                                        float(prescale), float(postscale),
                                        list(splits or []), grouped)
     raise_for_status(code, message)
-    for h, t, o in zip(handles, inputs, outputs):
-        _handle_map[h] = (t, o)
-    return handles
+    return handles  # the core keeps the tensors alive until the op completes
 
 
 def _contig(tensor: torch.Tensor) -> torch.Tensor:
@@ -104,8 +100,6 @@ def _wait(handle: int):
     result = _C.wait(handle)
     if result is None:
         raise ValueError(f"unknown handle {handle}: it was already synchronized or never existed")
-    _C.release(handle)
-    _handle_map.pop(handle, None)
     code, message, output, splits = result
     raise_for_status(code, message)
     return output, splits
@@ -125,8 +119,11 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
     if op == Adasum:
         raise ValueError("op=hvd.Adasum is not supported by this build yet; use hvd.Average "
                          "or hvd.Sum")
-    return _submit(_C.OP_ALLREDUCE, [tensor], [output], [_auto_name("allreduce", name)], op,
-                   prescale=prescale_factor, postscale=postscale_factor)[0]
+    code, message, handle = _C.submit_one(_C.OP_ALLREDUCE, tensor, output,
+                                          _auto_name("allreduce", name), int(op), 0,
+                                          float(prescale_factor), float(postscale_factor))
+    raise_for_status(code, message)
+    return handle
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,

@@ -44,6 +44,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         else:
             by_param = {id(p): f"noname.{i}" for i, p in enumerate(all_params)}
         self._parameter_names = {p: by_param[id(p)] for p in all_params if id(p) in by_param}
+        self._wire_names = {p: "allreduce." + n for p, n in self._parameter_names.items()}
         self._requires_update = [p for p in all_params if p.requires_grad]
 
         self._groups: Dict[torch.Tensor, int] = {}
@@ -130,9 +131,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 del self._group_ready[gi]
             return
         compressed, ctx = self._prepare(p)
-        h = allreduce_async_(compressed, name="allreduce." + self._parameter_names[p], op=op,
-                             prescale_factor=pre, postscale_factor=post,
-                             process_set=self._process_set)
+        h = allreduce_async_(compressed, name=self._wire_names[p], op=op, prescale_factor=pre,
+                             postscale_factor=post, process_set=self._process_set)
         self._handles[p] = (h, ctx, compressed)
 
     # -- public API ------------------------------------------------------------

@@ -16,6 +16,9 @@ namespace hvd {
   X(cycle_time_ms, "HOROVOD_CYCLE_TIME", double, 1.0,                                 \
     "Longest time in milliseconds the background thread sleeps between "              \
     "negotiation cycles when no new request wakes it.")                               \
+  X(wake_delay_us, "HOROVOD_WAKE_DELAY_US", double, 0.0,                              \
+    "After a new request wakes the background thread, wait this many microseconds "  \
+    "before negotiating, so requests arriving together are fused.")                  \
   X(cache_capacity, "HOROVOD_CACHE_CAPACITY", int64_t, 1024,                          \
     "Number of responses kept in the response cache (0 disables the cache).")         \
   X(tcp_timeout_s, "HOROVOD_TCP_TIMEOUT", double, 60.0,                               \

@@ -206,6 +206,12 @@ void Runtime::Loop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, cycle, [this] { return !fresh_.empty() || shutdown_requested_; });
+      if (!fresh_.empty() && config_.wake_delay_us > 0) {
+        lock.unlock();
+        std::this_thread::sleep_for(
+            std::chrono::microseconds(static_cast<int64_t>(config_.wake_delay_us)));
+        lock.lock();
+      }
       fresh.swap(fresh_);
       want_shutdown = shutdown_requested_;
     }

@@ -115,17 +115,44 @@ py::tuple Submit(int type, std::vector<at::Tensor> inputs,
   return py::make_tuple(static_cast<int>(st.code()), st.message(), handles);
 }
 
+// Fast path for one op (the optimizer's per-gradient hook): no lists.
+py::tuple SubmitOne(int type, const at::Tensor& input, const c10::optional<at::Tensor>& output,
+                    const std::string& name, int op, int root, double prescale,
+                    double postscale) {
+  std::vector<Submission> subs(1);
+  Submission& s = subs[0];
+  s.request.type = static_cast<OpType>(type);
+  s.request.name = name;
+  s.request.op = static_cast<ReduceOp>(op);
+  s.request.root = root;
+  s.request.prescale = prescale;
+  s.request.postscale = postscale;
+  s.input = input;
+  if (output.has_value()) s.output = *output;
+  std::vector<std::shared_ptr<HandleState>> states;
+  Status st;
+  {
+    std::lock_guard<std::mutex> lock(G().mu);
+    st = G().runtime ? G().runtime->Submit(std::move(subs), &states)
+                     : Status::InvalidArgument(
+                           "horovod_torch has not been initialized; call hvd.init() first");
+  }
+  int handle = st.ok() ? G().handles.Add(states[0]) : -1;
+  return py::make_tuple(static_cast<int>(st.code()), st.message(), handle);
+}
+
 py::object Poll(int handle) {
   auto h = G().handles.Find(handle);
   if (!h) return py::none();
   return py::bool_(h->Poll());
 }
 
-// Returns (code, message, output or None, received splits or None), or None for an
-// unknown handle.
+// Waits, releases the handle and returns (code, message, output or None, received
+// splits or None), or None for an unknown handle.
 py::object Wait(int handle) {
   auto h = G().handles.Find(handle);
   if (!h) return py::none();
+  G().handles.Release(handle);
   {
     py::gil_scoped_release nogil;
     h->Wait();
@@ -158,6 +185,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("shutdown", &Shutdown);
   m.def("world", &World);
   m.def("submit", &Submit);
+  m.def("submit_one", &SubmitOne);
   m.def("poll", &Poll);
   m.def("wait", &Wait);
   m.def("release", [](int h) { G().handles.Release(h); });
