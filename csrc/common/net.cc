@@ -192,10 +192,13 @@ Status SendFrame(int fd, const std::string& data, double timeout_s) {
   return SendAll(fd, buf.data(), buf.size(), timeout_s);
 }
 
-Status RecvFrame(int fd, std::string* data, double timeout_s) {
+Status RecvFrame(int fd, std::string* data, double timeout_s, uint64_t max_len) {
   uint64_t n = 0;
   HVD_RETURN_IF_ERROR(RecvAll(fd, &n, 8, timeout_s));
-  if (n > (1ull << 34)) return Status::Aborted("corrupt frame length from a peer");
+  if (n > max_len) {
+    return Status::Aborted("a peer sent a frame of " + std::to_string(n) +
+                           " bytes, more than the " + std::to_string(max_len) + " allowed");
+  }
   data->resize(n);
   return RecvAll(fd, data->data(), n, timeout_s);
 }
@@ -206,7 +209,7 @@ Status ServerHandshake(int fd, const std::string& secret, double timeout_s, std:
   for (auto& c : nonce) c = static_cast<char>(rd());
   HVD_RETURN_IF_ERROR(SendFrame(fd, nonce, timeout_s));
   std::string reply;
-  HVD_RETURN_IF_ERROR(RecvFrame(fd, &reply, timeout_s));
+  HVD_RETURN_IF_ERROR(RecvFrame(fd, &reply, timeout_s, kMaxHandshakeFrame));
   if (reply.size() < 32) return Status::Aborted("bad handshake from a connecting peer");
   std::string hello = reply.substr(32);
   std::string expect = Sha256(secret + nonce + hello);
@@ -223,10 +226,10 @@ Status ServerHandshake(int fd, const std::string& secret, double timeout_s, std:
 Status ClientHandshake(int fd, const std::string& secret, const std::string& tag,
                        double timeout_s) {
   std::string nonce;
-  HVD_RETURN_IF_ERROR(RecvFrame(fd, &nonce, timeout_s));
+  HVD_RETURN_IF_ERROR(RecvFrame(fd, &nonce, timeout_s, kMaxHandshakeFrame));
   HVD_RETURN_IF_ERROR(SendFrame(fd, Sha256(secret + nonce + tag) + tag, timeout_s));
   std::string verdict;
-  HVD_RETURN_IF_ERROR(RecvFrame(fd, &verdict, timeout_s));
+  HVD_RETURN_IF_ERROR(RecvFrame(fd, &verdict, timeout_s, kMaxHandshakeFrame));
   if (verdict != "Y") {
     return Status::Aborted(
         "the peer rejected our job secret: HOROVOD_SECRET differs from the launcher's");

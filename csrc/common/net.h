@@ -45,9 +45,13 @@ std::string LocalAddress(const Socket& s);
 
 Status SendAll(int fd, const void* buf, size_t len, double timeout_s);
 Status RecvAll(int fd, void* buf, size_t len, double timeout_s);
-// A frame is a u64 length followed by the bytes.
+// A frame is a u64 length followed by the bytes. A frame longer than max_len is
+// refused before anything is allocated (an unauthenticated peer must not be able
+// to make us allocate gigabytes).
+constexpr uint64_t kMaxFrame = 1ull << 32;
+constexpr uint64_t kMaxHandshakeFrame = 4096;
 Status SendFrame(int fd, const std::string& data, double timeout_s);
-Status RecvFrame(int fd, std::string* data, double timeout_s);
+Status RecvFrame(int fd, std::string* data, double timeout_s, uint64_t max_len = kMaxFrame);
 
 // Challenge-response with the job secret: the server sends a nonce, the client
 // answers SHA-256(secret | nonce | tag). The secret never crosses the wire.

@@ -52,6 +52,7 @@ Status Controller::Cycle(std::vector<Request> fresh, bool want_shutdown,
   for (auto& kv : cached_pending_) SetBit(&mine.ready_bits, kv.first);
   mine.requests.swap(uncached_);
   mine.shutdown = want_shutdown;
+  mine.cache_capacity = static_cast<uint32_t>(cache_.capacity());
 
   std::vector<std::string> gathered;
   HVD_RETURN_IF_ERROR(control_->Gather(Encode(mine), &gathered));
@@ -81,7 +82,8 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
   out.ready_bits.assign(cache_.num_words(), ~0ull);
   out.invalid_bits.assign(cache_.num_words(), 0);
   for (const auto& l : lists) {
-    if (l.ready_bits.size() != cache_.num_words() || l.invalid_bits.size() != cache_.num_words()) {
+    if (l.cache_capacity != cache_.capacity() || l.ready_bits.size() != cache_.num_words() ||
+        l.invalid_bits.size() != cache_.num_words()) {
       *ok = false;
       *error = "ranks disagree on HOROVOD_CACHE_CAPACITY; set it the same on every rank";
       return out;

@@ -52,6 +52,9 @@ py::tuple Init(int rank, int size, int local_rank, int local_size, int cross_ran
     if (G().runtime) return Err(Status::Ok());  // already initialised
     st = Runtime::Create(w, config, &rt);
     if (st.ok()) G().runtime = std::move(rt);
+    // Group ids must match across ranks; workers that joined later (elastic)
+    // count from 1 too.
+    G().next_group = 1;
   }
   return Err(st);
 }
@@ -215,7 +218,14 @@ PYBIND11_MODULE(_C, m) {
              if (!s.Get(k, &v)) return py::none();
              return py::bytes(v);
            })
-      .def("add", &StoreServer::Add)
+      .def("add",
+           [](StoreServer& s, const std::string& k, int64_t delta) {
+             int64_t out = 0;
+             if (!s.Add(k, delta, &out)) {
+               throw py::value_error("store key '" + k + "' does not hold an integer");
+             }
+             return out;
+           })
       .def("stop", &StoreServer::Stop, py::call_guard<py::gil_scoped_release>());
 
   // Used by elastic workers to read their assignment and host updates.

@@ -1,6 +1,8 @@
 #include "rendezvous/store.h"
 
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
 
 #include "wire/codec.h"
 
@@ -27,40 +29,66 @@ void StoreServer::Stop() {
   if (stopping_.exchange(true)) return;
   listener_.Shutdown();
   if (accept_thread_.joinable()) accept_thread_.join();
-  std::vector<std::thread> threads;
+  std::map<uint64_t, std::thread> threads;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& c : conns_) c->Shutdown();
+    for (auto& c : conns_) c.second->Shutdown();
     threads.swap(conn_threads_);
   }
   cv_.notify_all();
-  for (auto& t : threads) t.join();
+  for (auto& t : threads) t.second.join();
   listener_.Close();
+}
+
+size_t StoreServer::num_connections() {
+  ReapFinished();
+  std::lock_guard<std::mutex> lock(mu_);
+  return conns_.size();
+}
+
+void StoreServer::ReapFinished() {
+  std::vector<std::thread> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uint64_t id : finished_) {
+      auto it = conn_threads_.find(id);
+      if (it != conn_threads_.end()) {
+        done.push_back(std::move(it->second));
+        conn_threads_.erase(it);
+      }
+    }
+    finished_.clear();
+  }
+  for (auto& t : done) t.join();
 }
 
 void StoreServer::AcceptLoop() {
   while (!stopping_) {
     Socket s;
     Status st = Accept(listener_, 0.5, &s);
+    ReapFinished();
     if (!st.ok()) continue;  // timeout (re-check stopping_) or shut down
     auto conn = std::make_shared<Socket>(std::move(s));
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) break;
-    conns_.push_back(conn);
-    conn_threads_.emplace_back([this, conn] { Serve(conn); });
+    uint64_t id = next_id_++;
+    conns_[id] = conn;
+    conn_threads_[id] = std::thread([this, id, conn] { Serve(id, conn); });
   }
 }
 
-void StoreServer::Serve(std::shared_ptr<Socket> conn) {
-  if (!ServerHandshake(conn->fd(), secret_, kHandshakeTimeout, nullptr).ok()) {
-    conn->Shutdown();
-    return;
+void StoreServer::Serve(uint64_t id, std::shared_ptr<Socket> conn) {
+  if (ServerHandshake(conn->fd(), secret_, kHandshakeTimeout, nullptr).ok()) {
+    std::string request;
+    while (!stopping_ && RecvFrame(conn->fd(), &request, kForever).ok()) {
+      if (!SendFrame(conn->fd(), Handle(request), kHandshakeTimeout).ok()) break;
+    }
   }
-  std::string request;
-  while (!stopping_ && RecvFrame(conn->fd(), &request, kForever).ok()) {
-    if (!SendFrame(conn->fd(), Handle(request), kHandshakeTimeout).ok()) break;
-  }
-  conn->Shutdown();
+  // Forget the connection under the lock (so Stop() never touches a closed fd),
+  // then close it when the last reference goes.
+  std::lock_guard<std::mutex> lock(mu_);
+  conns_.erase(id);
+  finished_.push_back(id);
 }
 
 std::string StoreServer::Handle(const std::string& request) {
@@ -72,8 +100,10 @@ std::string StoreServer::Handle(const std::string& request) {
     Set(key, rd.Str());
     w.U8(1);
   } else if (op == kAdd) {
-    w.U8(1);
-    w.I64(Add(key, rd.I64()));
+    int64_t result = 0;
+    bool ok = Add(key, rd.I64(), &result);
+    w.U8(ok ? 1 : 0);
+    w.I64(result);
   } else if (op == kGet) {
     double timeout_s = rd.F64();
     auto deadline = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(timeout_s * 1e6));
@@ -104,16 +134,22 @@ bool StoreServer::Get(const std::string& key, std::string* value) {
   return true;
 }
 
-int64_t StoreServer::Add(const std::string& key, int64_t delta) {
-  int64_t v;
+bool StoreServer::Add(const std::string& key, int64_t delta, int64_t* result) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = data_.find(key);
-    v = (it == data_.end() ? 0 : std::stoll(it->second)) + delta;
-    data_[key] = std::to_string(v);
+    int64_t v = 0;
+    if (it != data_.end()) {
+      char* end = nullptr;
+      errno = 0;
+      v = std::strtoll(it->second.c_str(), &end, 10);
+      if (it->second.empty() || *end != '\0' || errno != 0) return false;
+    }
+    *result = v + delta;
+    data_[key] = std::to_string(*result);
   }
   cv_.notify_all();
-  return v;
+  return true;
 }
 
 Status StoreClient::Connect(const std::string& host, int port, const std::string& secret,
@@ -185,8 +221,9 @@ Status StoreClient::Add(const std::string& key, int64_t delta, int64_t* result) 
   std::string reply;
   HVD_RETURN_IF_ERROR(Call(w.str(), 0, &reply));
   Reader rd(reply);
-  rd.U8();
+  bool ok = rd.U8() == 1;
   *result = rd.I64();
+  if (!ok) return Status::InvalidArgument("store key '" + key + "' does not hold an integer");
   return Status::Ok();
 }
 

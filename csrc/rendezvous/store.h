@@ -33,12 +33,16 @@ class StoreServer {
   // Local access for the launcher (no socket round trip).
   void Set(const std::string& key, const std::string& value);
   bool Get(const std::string& key, std::string* value);
-  int64_t Add(const std::string& key, int64_t delta);
+  // Adds delta to the integer stored at key (absent = 0). False if the stored value
+  // is not an integer.
+  bool Add(const std::string& key, int64_t delta, int64_t* result);
   void Stop();
+  size_t num_connections();
 
  private:
   void AcceptLoop();
-  void Serve(std::shared_ptr<Socket> conn);
+  void Serve(uint64_t id, std::shared_ptr<Socket> conn);
+  void ReapFinished();
   std::string Handle(const std::string& request);
 
   std::string secret_;
@@ -50,9 +54,13 @@ class StoreServer {
 
   std::mutex mu_;
   std::condition_variable cv_;                      // signalled on every Set/Add
-  std::map<std::string, std::string> data_;         // GUARDED_BY(mu_)
-  std::vector<std::shared_ptr<Socket>> conns_;      // GUARDED_BY(mu_)
-  std::vector<std::thread> conn_threads_;           // GUARDED_BY(mu_)
+  std::map<std::string, std::string> data_;                 // GUARDED_BY(mu_)
+  // Live connections and their threads; a thread whose client left moves its id to
+  // finished_ and the accept loop joins it, so sockets and threads do not pile up.
+  std::map<uint64_t, std::shared_ptr<Socket>> conns_;       // GUARDED_BY(mu_)
+  std::map<uint64_t, std::thread> conn_threads_;            // GUARDED_BY(mu_)
+  std::vector<uint64_t> finished_;                          // GUARDED_BY(mu_)
+  uint64_t next_id_ = 0;                                    // GUARDED_BY(mu_)
 };
 
 class StoreClient {

@@ -111,11 +111,12 @@ Status TcpTransport::Run(std::vector<Xfer>& xs) {
     fds.clear();
     who.clear();
     for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
       short ev = (sendq[p].empty() ? 0 : POLLOUT) | (recvq[p].empty() ? 0 : POLLIN);
-      if (ev != 0) {
-        fds.push_back(pollfd{peers_[p].fd(), ev, 0});
-        who.push_back(p);
-      }
+      // Peers we exchange nothing with are watched for hang-ups only (their early
+      // data for a later exchange must stay unread), so a death anywhere is seen.
+      fds.push_back(pollfd{peers_[p].fd(), static_cast<short>(ev | POLLRDHUP), 0});
+      who.push_back(p);
     }
     int rc = ::poll(fds.data(), fds.size(), 200);
     if (rc < 0) {
@@ -125,7 +126,11 @@ Status TcpTransport::Run(std::vector<Xfer>& xs) {
     if (rc == 0) {
       double idle = std::chrono::duration<double>(Clock::now() - last_progress).count();
       if (idle > options_.io_timeout_s) {
-        return Status::Aborted("rank " + std::to_string(who.empty() ? -1 : who[0]) +
+        int stuck = -1;
+        for (int p = 0; p < size_ && stuck < 0; ++p) {
+          if (!sendq[p].empty() || !recvq[p].empty()) stuck = p;
+        }
+        return Status::Aborted("rank " + std::to_string(stuck) +
                                " made no progress for " + std::to_string(idle) +
                                " s (HOROVOD_TCP_TIMEOUT); treating it as lost");
       }
@@ -135,6 +140,12 @@ Status TcpTransport::Run(std::vector<Xfer>& xs) {
       int p = who[i];
       short re = fds[i].revents;
       if (re == 0) continue;
+      if (sendq[p].empty() && recvq[p].empty()) {
+        if (re & (POLLRDHUP | POLLHUP | POLLERR)) {
+          return Status::Aborted(PeerLost(p, "closed by the other side"));
+        }
+        continue;
+      }
       if ((re & (POLLIN | POLLERR | POLLHUP)) && !recvq[p].empty()) {
         while (!recvq[p].empty()) {
           Xfer* x = recvq[p].front();
@@ -257,9 +268,10 @@ Status TcpTransport::DirectReduce(void* buf, const std::vector<size_t>& counts, 
     xs.push_back({p, true, base + offsets[p] * esize, seg_bytes});
     xs.push_back({p, false, scratch_.data() + p * mine, mine});
   }
-  std::memcpy(scratch_.data() + rank_ * mine, base + offsets[rank_] * esize, mine);
+  if (mine > 0) std::memcpy(scratch_.data() + rank_ * mine, base + offsets[rank_] * esize, mine);
   HVD_RETURN_IF_ERROR(Run(xs));
   char* dst = static_cast<char*>(out);
+  if (mine == 0) return Status::Ok();
   std::memcpy(dst, scratch_.data(), mine);
   for (int p = 1; p < size_; ++p) {
     ReduceInto(dst, scratch_.data() + p * mine, mine / esize, dtype, op);

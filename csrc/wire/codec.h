@@ -91,6 +91,7 @@ class Reader {
       ok_ = false;
       return;
     }
+    if (n == 0) return;
     std::memcpy(dst, p_, n);
     p_ += n;
   }

@@ -74,6 +74,12 @@ Response GetResponse(Reader& rd) {
   return r;
 }
 
+bool ValidEnums(OpType t, DataType d, ReduceOp o) {
+  return static_cast<uint8_t>(t) <= static_cast<uint8_t>(OpType::kBarrier) &&
+         static_cast<uint8_t>(d) <= static_cast<uint8_t>(DataType::kBool) &&
+         static_cast<uint8_t>(o) <= static_cast<uint8_t>(ReduceOp::kProduct);
+}
+
 Status Finish(const Reader& rd, const char* what) {
   if (!rd.ok() || !rd.done()) {
     return Status::Aborted(std::string("corrupt ") + what + " received from a peer");
@@ -112,6 +118,7 @@ int64_t Request::NumElements() const {
 std::string Encode(const RequestList& list) {
   Writer w;
   w.U32(kRequestMagic);
+  w.U32(list.cache_capacity);
   w.U8(list.shutdown ? 1 : 0);
   w.U64s(list.ready_bits);
   w.U64s(list.invalid_bits);
@@ -134,12 +141,17 @@ std::string Encode(const ResponseList& list) {
 Status Decode(const std::string& bytes, RequestList* list) {
   Reader rd(bytes);
   if (rd.U32() != kRequestMagic) return Status::Aborted("bad request-list magic from a peer");
+  list->cache_capacity = rd.U32();
   list->shutdown = rd.U8() != 0;
   list->ready_bits = rd.U64s();
   list->invalid_bits = rd.U64s();
   uint32_t n = rd.U32();
   list->requests.clear();
-  for (uint32_t i = 0; i < n && rd.ok(); ++i) list->requests.push_back(GetRequest(rd));
+  for (uint32_t i = 0; i < n && rd.ok(); ++i) {
+    list->requests.push_back(GetRequest(rd));
+    const Request& r = list->requests.back();
+    if (!ValidEnums(r.type, r.dtype, r.op)) return Status::Aborted("corrupt request from a peer");
+  }
   return Finish(rd, "request list");
 }
 
@@ -151,7 +163,11 @@ Status Decode(const std::string& bytes, ResponseList* list) {
   list->invalid_bits = rd.U64s();
   uint32_t n = rd.U32();
   list->responses.clear();
-  for (uint32_t i = 0; i < n && rd.ok(); ++i) list->responses.push_back(GetResponse(rd));
+  for (uint32_t i = 0; i < n && rd.ok(); ++i) {
+    list->responses.push_back(GetResponse(rd));
+    const Response& r = list->responses.back();
+    if (!ValidEnums(r.type, r.dtype, r.op)) return Status::Aborted("corrupt response from a peer");
+  }
   return Finish(rd, "response list");
 }
 

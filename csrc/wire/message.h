@@ -45,6 +45,7 @@ struct Request {
 };
 
 struct RequestList {
+  uint32_t cache_capacity = 0;     // must be equal on every rank
   std::vector<Request> requests;   // requests not served by the response cache
   std::vector<uint64_t> ready_bits;    // cache positions this rank has pending
   std::vector<uint64_t> invalid_bits;  // cache positions this rank found stale

@@ -246,14 +246,15 @@ TEST(Message, WrongMagicFails) {
 }
 
 TEST(Message, CorruptLengthFieldsFail) {
-  // Layout: magic u32, shutdown u8, ready u32+8n, invalid u32+8n, count u32, requests...
+  // Layout: magic u32, cache capacity u32, shutdown u8, ready u32+8n, invalid u32+8n,
+  // count u32, requests...
   RequestList in;
   Request r;
   r.name = "abc";
   r.shape = {2, 3};
   in.requests.push_back(r);
   std::string good = Encode(in);
-  const size_t count_off = 4 + 1 + 4 + 4;
+  const size_t count_off = 4 + 4 + 1 + 4 + 4;
   const size_t name_len_off = count_off + 4 + 4 + 1;
   auto put_u32 = [](std::string* s, size_t off, uint32_t v) { std::memcpy(&(*s)[off], &v, 4); };
 
@@ -271,7 +272,7 @@ TEST(Message, CorruptLengthFieldsFail) {
   }
   for (uint32_t bad : {1u, 0x10000000u, 0xffffffffu}) {  // ready_bits count
     std::string b = good;
-    put_u32(&b, 5, bad);
+    put_u32(&b, 9, bad);  // after magic and cache capacity, shutdown
     RequestList out;
     EXPECT_FALSE(Decode(b, &out).ok()) << "ready_bits count " << bad;
   }

@@ -82,11 +82,14 @@ TEST(Store, ServerLocalAccessIsShared) {
   EXPECT_TRUE(server.Get("from-client", &v));
   EXPECT_EQ(v, "y");
   EXPECT_FALSE(server.Get("nope", &v));
-  EXPECT_EQ(server.Add("n", 3), 3);
+  int64_t n = 0;
+  ASSERT_TRUE(server.Add("n", 3, &n));
+  EXPECT_EQ(n, 3);
   int64_t r;
   HVD_ASSERT_OK(c->Add("n", 4, &r));
   EXPECT_EQ(r, 7);
-  EXPECT_EQ(server.Add("n", 0), 7);
+  ASSERT_TRUE(server.Add("n", 0, &n));
+  EXPECT_EQ(n, 7);
 }
 
 TEST(Store, ConcurrentClients) {
