@@ -96,6 +96,11 @@ def init(comm=None, process_sets=None) -> None:
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
+        if code == _OK:
+            # Unnamed ops are matched by submission order: every rank, including one
+            # that joined an elastic job late, counts from zero after init().
+            from horovod_torch import ops
+            ops.reset_auto_names()
     raise_for_status(code, message)
 
 

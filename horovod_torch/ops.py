@@ -9,6 +9,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from horovod_torch import _C
+from horovod_torch import adasum as _adasum
 from horovod_torch.basics import (Adasum, Average, Max, Min, Product, Sum, raise_for_status,
                                   rank, size)
 from horovod_torch.compression import Compression
@@ -61,6 +62,11 @@ def _auto_name(kind: str, name: Optional[str]) -> str:
         return f"{kind}.noname.{next(counter)}"
 
 
+def reset_auto_names() -> None:
+    with _name_lock:
+        _counters.clear()
+
+
 def _resolve_op(op: Optional[int], average: Optional[bool]) -> int:
     if average is not None:
         warnings.warn("Parameter `average` has been replaced with `op` and will be removed",
@@ -90,6 +96,8 @@ def _contig(tensor: torch.Tensor) -> torch.Tensor:
 
 def poll(handle: int) -> bool:
     """True if the op behind `handle` has finished (synchronize() will not block)."""
+    if handle in _adasum._results:
+        return True
     done = _C.poll(handle)
     if done is None:
         raise ValueError(f"unknown handle {handle}: it was already synchronized or never existed")
@@ -97,6 +105,8 @@ def poll(handle: int) -> bool:
 
 
 def _wait(handle: int):
+    if handle in _adasum._results:
+        return _adasum._results.pop(handle), None
     result = _C.wait(handle)
     if result is None:
         raise ValueError(f"unknown handle {handle}: it was already synchronized or never existed")
@@ -117,8 +127,8 @@ def synchronize(handle: int):
 
 def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor):
     if op == Adasum:
-        raise ValueError("op=hvd.Adasum is not supported by this build yet; use hvd.Average "
-                         "or hvd.Sum")
+        return _adasum.submit(tensor, output, _auto_name("allreduce", name), prescale_factor,
+                              postscale_factor)
     code, message, handle = _C.submit_one(_C.OP_ALLREDUCE, tensor, output,
                                           _auto_name("allreduce", name), int(op), 0,
                                           float(prescale_factor), float(postscale_factor))
@@ -204,10 +214,13 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 
 
 def _grouped(kind, kind_name, tensors, outputs, name, op, pre, post):
-    if op == Adasum:
-        raise ValueError("op=hvd.Adasum is not supported by this build yet")
     if not tensors:
         return []
+    if op == Adasum:
+        if kind != _C.OP_ALLREDUCE:
+            raise ValueError("op=hvd.Adasum is only defined for allreduce")
+        return [_adasum.submit(t, o, n, pre, post) for t, o, n in
+                zip(tensors, outputs, _group_names(kind_name, name, len(tensors)))]
     return _submit(kind, tensors, outputs, _group_names(kind_name, name, len(tensors)), op,
                    prescale=pre, postscale=post, grouped=True)
 

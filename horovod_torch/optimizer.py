@@ -194,10 +194,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          process_set=global_process_set):
     """Returns `optimizer` made distributed: an instance of a subclass of its class
     whose step() first averages (op=Average) or sums gradients across ranks."""
+    if op not in (Average, Sum, Adasum):
+        raise ValueError("DistributedOptimizer supports op=hvd.Average, hvd.Sum or hvd.Adasum")
     if op == Adasum:
-        raise ValueError("op=hvd.Adasum is not supported by this build yet; use hvd.Average")
-    if op not in (Average, Sum):
-        raise ValueError("DistributedOptimizer supports op=hvd.Average or hvd.Sum")
+        from horovod_torch.adasum import check_size
+        check_size()
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor needs op=hvd.Average")
     if backward_passes_per_step < 1:

@@ -20,3 +20,8 @@ def test_exactness_three_ranks_adam():
 
 def test_optimizer_behaviours():
     run_workers("tests.train_workers:behaviours", 2, timeout=90)
+
+
+@pytest.mark.parametrize("size", [2, 4, 3])
+def test_adasum_over_tcp(size):
+    run_workers("tests.train_workers:adasum_checks", size, timeout=120)

@@ -183,3 +183,45 @@ def amp_gradscaler():
     assert all(torch.equal(all_w[0], all_w[q]) for q in range(hvd.size()))
     hvd.shutdown()
     print("amp ok", flush=True)
+
+
+def adasum_checks():
+    """op=hvd.Adasum over TCP: the pairwise-tree formula, identical results on every
+    rank, DistributedOptimizer with Adasum, and the errors Horovod users expect."""
+    from horovod_torch.adasum import reduce_gathered
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    if n & (n - 1):
+        expect_raises(ValueError, lambda: hvd.allreduce(torch.ones(3), op=hvd.Adasum),
+                      "power-of-two")
+        hvd.shutdown()
+        print("adasum ok (non power of two rejected)", flush=True)
+        return
+    g = [torch.Generator().manual_seed(q) for q in range(n)]
+    xs = [torch.randn(10, generator=g[q]) for q in range(n)]
+    got = hvd.allreduce(xs[r], op=hvd.Adasum, name="ada")
+    ref = reduce_gathered(torch.stack(xs)).float()
+    assert torch.allclose(got, ref, atol=1e-6), (got, ref)
+    if n == 2:  # closed form for two ranks
+        a, b = xs[0].double(), xs[1].double()
+        d = a.dot(b)
+        closed = ((1 - d / (2 * a.dot(a))) * a + (1 - d / (2 * b.dot(b))) * b).float()
+        assert torch.allclose(got, closed, atol=1e-6)
+    same = hvd.allreduce(torch.arange(4.0), op=hvd.Adasum, name="ada.same")
+    assert torch.allclose(same, torch.arange(4.0)), same  # parallel vectors: the average
+    everyone = hvd.allgather(got.unsqueeze(0), name="ada.check")
+    assert all(torch.equal(everyone[0], everyone[q]) for q in range(n))
+    expect_raises(ValueError, lambda: hvd.reducescatter(torch.ones(4), op=hvd.Adasum), "Adasum")
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), op=hvd.Adasum)
+    for s in range(3):
+        x, y = _data(s)
+        opt.zero_grad()
+        ((model(x[r::n]) - y[r::n]) ** 2).mean().backward()
+        opt.step()
+    w = torch.cat([p.detach().flatten() for p in model.parameters()])
+    all_w = hvd.allgather(w.unsqueeze(0), name="ada.weights")
+    assert all(torch.equal(all_w[0], all_w[q]) for q in range(n))
+    hvd.shutdown()
+    print("adasum ok", flush=True)

@@ -100,6 +100,13 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
   std::vector<std::string> complete;
   for (int r = 0; r < size; ++r) {
     for (const auto& req : lists[r].requests) {
+      if (req.rank != r || (req.type == OpType::kAlltoall &&
+                            static_cast<int>(req.splits.size()) != size)) {
+        *ok = false;
+        *error = "rank " + std::to_string(r) + " sent a malformed request for '" + req.name +
+                 "' (a different build or a corrupted connection)";
+        return out;
+      }
       Pending& p = table_[req.name];
       if (p.by_rank.empty()) {
         p.by_rank.resize(size);

@@ -1,5 +1,6 @@
-// Byte-level encoding used by every message on the wire: little-endian fixed-width
-// integers, doubles as their bit pattern, strings and vectors length-prefixed (u32).
+// Byte-level encoding used by every message on the wire: fixed-width integers and
+// doubles copied in host byte order (every supported host is little-endian),
+// strings and vectors length-prefixed (u32).
 // Reader never reads past the end: a short or corrupt buffer sets ok() to false.
 #pragma once
 

@@ -67,35 +67,46 @@ class LocalSpawner:
         return subprocess.Popen(
             list(command), env=dict(env),
             stdin=None if slot.rank == 0 else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True)
 
 
 class OutputForwarder:
-    """Copy worker output line by line to one stream, optionally prefixed."""
+    """Copy worker stdout and stderr line by line to ours, prefixed like Horovod
+    (``[rank]<stdout>:`` / ``[rank]<stderr>:``) unless prefix is False."""
 
-    def __init__(self, stream: IO[bytes], prefix: bool = True) -> None:
-        self._stream = stream
+    def __init__(self, stream: IO[bytes], prefix: bool = True,
+                 err_stream: Optional[IO[bytes]] = None) -> None:
+        self._streams = {"stdout": stream, "stderr": err_stream or sys.stderr.buffer}
         self._prefix = prefix
         self._lock = threading.Lock()
         self._broken = False
 
-    def pump(self, rank: int, pipe: IO[bytes]) -> None:
-        """Thread body: forward ``pipe`` until EOF, then close it."""
-        prefix = f"[{rank}]<stdout>:".encode() if self._prefix else b""
+    def pump(self, rank: int, proc: "subprocess.Popen[bytes]") -> None:
+        """Thread body: forward the worker's stdout and stderr until both end."""
+        err = threading.Thread(target=self._pump_one, args=(rank, proc.stderr, "stderr"),
+                               daemon=True)
+        err.start()
+        self._pump_one(rank, proc.stdout, "stdout")
+        err.join()
+
+    def _pump_one(self, rank: int, pipe: Optional[IO[bytes]], kind: str) -> None:
+        if pipe is None:
+            return
+        prefix = f"[{rank}]<{kind}>:".encode() if self._prefix else b""
         with pipe:
             for line in iter(pipe.readline, b""):
                 if self._prefix and not line.endswith(b"\n"):
                     line += b"\n"
-                self._write(prefix + line)
+                self._write(kind, prefix + line)
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, kind: str, data: bytes) -> None:
         with self._lock:
             if self._broken:  # keep draining so workers never block
                 return
             try:
-                self._stream.write(data)
-                self._stream.flush()
+                self._streams[kind].write(data)
+                self._streams[kind].flush()
             except (OSError, ValueError):
                 self._broken = True
 
@@ -192,7 +203,7 @@ class Supervisor:
                 return 127 if isinstance(exc, FileNotFoundError) else 126
             assert proc.stdout is not None
             reader = threading.Thread(
-                target=self._forwarder.pump, args=(slot.rank, proc.stdout),
+                target=self._forwarder.pump, args=(slot.rank, proc),
                 name=f"horovodrun-output-{slot.rank}", daemon=True)
             reader.start()
             self._workers.append(Worker(slot, proc, reader))

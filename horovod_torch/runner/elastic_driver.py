@@ -130,7 +130,7 @@ class ElasticDriver:
         slot = hosts.SlotInfo(host, len(self._workers), 0, 0, 0, 0, 0)
         proc = self._spawner.spawn(slot, self._command, env)
         reader = threading.Thread(target=self._forwarder.pump,
-                                  args=(len(self._workers), proc.stdout), daemon=True)
+                                  args=(len(self._workers), proc), daemon=True)
         reader.start()
         w = _Worker(wid, host, proc, reader)
         self._workers[wid] = w

@@ -174,6 +174,9 @@ def run_elastic(args: argparse.Namespace) -> int:
         for k in ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
                   "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE"):
             env.pop(k, None)
+        # A joining worker waits at rendezvous until the survivors reach their next
+        # commit: give it the elastic timeout, not the start timeout.
+        env["HOROVOD_START_TIMEOUT"] = str(max(float(args.start_timeout), args.elastic_timeout))
         env.update({"HOROVOD_ELASTIC": "1", "HOROVOD_ELASTIC_WORKER_ID": worker_id,
                     "HOROVOD_ELASTIC_TIMEOUT": str(args.elastic_timeout),
                     "HOROVOD_ELASTIC_RESET_LIMIT": str(args.reset_limit)})
