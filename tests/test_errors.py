@@ -49,3 +49,10 @@ def test_wrong_secret_cannot_join():
                           per_rank_env=lambda r: {"HOROVOD_SECRET": "wrong"} if r == 1 else {})
     assert results[1].returncode != 0
     assert "secret" in results[1].output, results[1].output
+
+
+def test_stalled_collective_is_reported_and_fails_the_job():
+    env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "1", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "3"}
+    results = run_workers("tests.workers:stall", 2, env=env, timeout=90)
+    assert "stalled collectives" in results[0].output  # the coordinator's warning
+    assert "missing on ranks [1]" in results[0].output

@@ -361,3 +361,24 @@ def mixed_cpu_gpu() -> None:
     peak = torch.cuda.max_memory_allocated(dev)
     print(f"mixed ok; peak GPU memory {peak / 2**20:.1f} MiB", flush=True)
     hvd.shutdown()
+
+
+def stall() -> None:
+    """Rank 1 skips a collective: the coordinator reports who is missing what and,
+    with HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, fails the job on every rank."""
+    hvd.init()
+    r = hvd.rank()
+    hvd.allreduce(torch.ones(2), name="fine")
+    t0 = time.monotonic()
+    if r == 0:
+        msg = expect_raises(hvd.HorovodInternalError,
+                            lambda: hvd.allreduce(torch.ones(2), name="skipped_by_1"),
+                            "skipped_by_1", "missing on ranks [1]")
+    else:
+        time.sleep(8)
+        msg = expect_raises(hvd.HorovodInternalError,
+                            lambda: hvd.allreduce(torch.ones(2), name="late"),
+                            "skipped_by_1", "missing on ranks [1]")
+    print(f"rank {r}: stall reported after {time.monotonic() - t0:.1f} s: {msg.splitlines()[0]}",
+          flush=True)
+    hvd.shutdown()

@@ -32,6 +32,12 @@ namespace hvd {
   X(ring_chunk_bytes, "HOROVOD_RING_CHUNK_BYTES", int64_t, 256 * 1024,                \
     "Pipelining chunk of the ring algorithms: reduction of one chunk overlaps the "   \
     "transfer of the next.")                                                          \
+  X(stall_check_s, "HOROVOD_STALL_CHECK_TIME_SECONDS", double, 60.0,                    \
+    "Seconds a collective may wait for missing ranks before the coordinator logs "    \
+    "which ranks are missing which tensors.")                                         \
+  X(stall_shutdown_s, "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", double, 0.0,             \
+    "If > 0, a collective stalled this long fails the job on every rank with the "    \
+    "stall report instead of waiting forever.")                                       \
   X(log_level, "HOROVOD_LOG_LEVEL", std::string, "warning",                           \
     "Log verbosity: trace, debug, info, warning, error or fatal.")
 

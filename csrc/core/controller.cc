@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/check.h"
+#include "common/logging.h"
 
 namespace hvd {
 namespace {
@@ -27,8 +28,8 @@ std::string Disagreement(const std::vector<Request>& reqs, F field) {
 
 }  // namespace
 
-Controller::Controller(ControlPlane* control, size_t cache_capacity)
-    : control_(control), cache_(cache_capacity) {}
+Controller::Controller(ControlPlane* control, size_t cache_capacity, StallOptions stall)
+    : control_(control), cache_(cache_capacity), stall_(stall) {}
 
 void Controller::Classify(Request req, std::vector<uint64_t>* invalid) {
   std::string sig = req.Signature();
@@ -69,6 +70,7 @@ Status Controller::Cycle(std::vector<Request> fresh, bool want_shutdown,
   HVD_RETURN_IF_ERROR(control_->Bcast(&reply));
   ResponseList list;
   HVD_RETURN_IF_ERROR(Decode(reply, &list));
+  if (!list.fatal.empty()) return Status::Aborted(list.fatal);
   responses->clear();
   Apply(list, responses);
   *shutdown = list.shutdown;
@@ -114,6 +116,7 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
       }
       if (!p.by_rank[req.rank].name.empty()) continue;  // duplicate: checked at submission
       p.by_rank[req.rank] = req;
+      if (p.count == 0) p.since = std::chrono::steady_clock::now();
       if (++p.count == size) complete.push_back(req.name);
     }
   }
@@ -138,7 +141,60 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
     out.responses.push_back(Match(table_[o.second].by_rank, size));
     table_.erase(o.second);
   }
+  InspectStalls(lists, &out);
   return out;
+}
+
+void Controller::InspectStalls(const std::vector<RequestList>& lists, ResponseList* out) {
+  using Clock = std::chrono::steady_clock;
+  const auto now = Clock::now();
+  const int size = static_cast<int>(lists.size());
+  // Cache positions set on some ranks but not all.
+  std::map<int, Clock::time_point> still;
+  for (size_t pos = 0; pos < cache_.capacity(); ++pos) {
+    int set = 0;
+    for (const auto& l : lists) set += TestBit(l.ready_bits, pos) ? 1 : 0;
+    if (set > 0 && set < size) {
+      auto it = partial_bits_.find(static_cast<int>(pos));
+      still[static_cast<int>(pos)] = it == partial_bits_.end() ? now : it->second;
+    }
+  }
+  partial_bits_.swap(still);
+  double age_s = std::chrono::duration<double>(now - last_stall_log_).count();
+  if (age_s < stall_.check_s) return;
+  std::string report;
+  bool fatal = false;
+  auto describe = [&](const std::string& name, double waited, auto has) {
+    std::string ready, missing;
+    for (int r = 0; r < size; ++r) {
+      std::string& dst = has(r) ? ready : missing;
+      dst += (dst.empty() ? "" : ", ") + std::to_string(r);
+    }
+    report += "\n  '" + name + "': submitted by ranks [" + ready + "], missing on ranks [" +
+              missing + "] for " + std::to_string(static_cast<int>(waited)) + " s";
+    fatal = fatal || (stall_.shutdown_s > 0 && waited >= stall_.shutdown_s);
+  };
+  for (const auto& kv : table_) {
+    double waited = std::chrono::duration<double>(now - kv.second.since).count();
+    if (waited < stall_.check_s) continue;
+    describe(kv.first, waited, [&](int r) { return !kv.second.by_rank[r].name.empty(); });
+  }
+  for (const auto& kv : partial_bits_) {
+    double waited = std::chrono::duration<double>(now - kv.second).count();
+    if (waited < stall_.check_s) continue;
+    describe(cache_.Get(kv.first).name, waited,
+             [&](int r) { return TestBit(lists[r].ready_bits, kv.first); });
+  }
+  if (report.empty()) return;
+  last_stall_log_ = now;
+  std::string message =
+      "stalled collectives: some ranks submitted these and others have not (a rank skipped "
+      "a collective, submitted a different name, or is stuck):" + report;
+  HVD_LOG(kWarning) << message;
+  if (fatal) {
+    out->fatal = message + "\nstopping the job (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=" +
+                 std::to_string(static_cast<int>(stall_.shutdown_s)) + ")";
+  }
 }
 
 Response Controller::Match(const std::vector<Request>& reqs, int size) {

@@ -10,6 +10,7 @@
 // Threading: used only by the background thread. Torch-free.
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
@@ -21,9 +22,17 @@
 
 namespace hvd {
 
+// The stall inspector (coordinator only): a name some ranks submitted and others
+// have not for check_s seconds is logged with the missing ranks; after shutdown_s
+// (if > 0) the job fails with that message on every rank instead of hanging.
+struct StallOptions {
+  double check_s = 60;
+  double shutdown_s = 0;
+};
+
 class Controller {
  public:
-  Controller(ControlPlane* control, size_t cache_capacity);
+  Controller(ControlPlane* control, size_t cache_capacity, StallOptions stall = {});
 
   // One cycle. `fresh`: requests submitted since the last cycle. On return
   // *responses holds what to execute now, in order (identical on every rank).
@@ -51,9 +60,16 @@ class Controller {
     std::vector<Request> by_rank;
     int count = 0;
     uint64_t order = 0;  // arrival order, for a stable response order
+    std::chrono::steady_clock::time_point since;
   };
   std::map<std::string, Pending> table_;
   uint64_t next_order_ = 0;
+
+  // Stall inspector state: cache positions some ranks have pending, since when.
+  void InspectStalls(const std::vector<RequestList>& lists, ResponseList* out);
+  StallOptions stall_;
+  std::map<int, std::chrono::steady_clock::time_point> partial_bits_;
+  std::chrono::steady_clock::time_point last_stall_log_{};
 };
 
 }  // namespace hvd

@@ -57,7 +57,8 @@ Status Runtime::Create(const WorldInfo& world, const Config& config,
                                            world.size, world.secret, opt, &rt->transport_));
   rt->gpu_ = CreateGpuBackend(rt->transport_.get(), world.rank, world.size, config);
   rt->controller_ = std::make_unique<Controller>(
-      rt->transport_.get(), static_cast<size_t>(std::max<int64_t>(0, config.cache_capacity)));
+      rt->transport_.get(), static_cast<size_t>(std::max<int64_t>(0, config.cache_capacity)),
+      StallOptions{config.stall_check_s, config.stall_shutdown_s});
   rt->thread_ = std::thread([r = rt.get()] { r->Loop(); });
   *out = std::move(rt);
   return Status::Ok();

@@ -131,6 +131,7 @@ std::string Encode(const ResponseList& list) {
   Writer w;
   w.U32(kResponseMagic);
   w.U8(list.shutdown ? 1 : 0);
+  w.Str(list.fatal);
   w.U64s(list.ready_bits);
   w.U64s(list.invalid_bits);
   w.U32(static_cast<uint32_t>(list.responses.size()));
@@ -159,6 +160,7 @@ Status Decode(const std::string& bytes, ResponseList* list) {
   Reader rd(bytes);
   if (rd.U32() != kResponseMagic) return Status::Aborted("bad response-list magic from a peer");
   list->shutdown = rd.U8() != 0;
+  list->fatal = rd.Str();
   list->ready_bits = rd.U64s();
   list->invalid_bits = rd.U64s();
   uint32_t n = rd.U32();

@@ -73,6 +73,7 @@ struct ResponseList {
   std::vector<uint64_t> invalid_bits;  // OR over ranks
   std::vector<Response> responses;     // new (uncached) responses, in execution order
   bool shutdown = false;
+  std::string fatal;  // non-empty: the job stops; every rank fails with this message
 };
 
 std::string Encode(const RequestList& list);
