@@ -44,28 +44,78 @@ def _env_int(*names: str, default: Optional[int] = None) -> Optional[int]:
     return default
 
 
+_store_server = None  # a store this process hosts (rank 0 under a foreign launcher)
+
+
+def _world_from_launcher() -> Optional[dict]:
+    """Rank and size from whichever launcher started us, in this order of precedence:
+    horovodrun (HOROVOD_RANK), OpenMPI's mpirun (OMPI_COMM_WORLD_RANK), torchrun
+    (RANK + WORLD_SIZE), SLURM's srun (SLURM_PROCID). None: no launcher."""
+    if os.environ.get("HOROVOD_RANK") not in (None, ""):
+        rank, size = _env_int("HOROVOD_RANK"), _env_int("HOROVOD_SIZE")
+        if size is None:
+            raise ValueError("HOROVOD_RANK is set but HOROVOD_SIZE is not")
+        return dict(launcher="horovodrun", rank=rank, size=size,
+                    local_rank=_env_int("HOROVOD_LOCAL_RANK", default=rank),
+                    local_size=_env_int("HOROVOD_LOCAL_SIZE", default=size),
+                    cross_rank=_env_int("HOROVOD_CROSS_RANK", default=0),
+                    cross_size=_env_int("HOROVOD_CROSS_SIZE", default=1))
+    if os.environ.get("OMPI_COMM_WORLD_RANK") not in (None, ""):
+        rank, size = _env_int("OMPI_COMM_WORLD_RANK"), _env_int("OMPI_COMM_WORLD_SIZE")
+        lsize = _env_int("OMPI_COMM_WORLD_LOCAL_SIZE", default=size)
+        return dict(launcher="mpirun", rank=rank, size=size,
+                    local_rank=_env_int("OMPI_COMM_WORLD_LOCAL_RANK", default=rank),
+                    local_size=lsize, cross_rank=rank // max(1, lsize),
+                    cross_size=max(1, size // max(1, lsize)))
+    if os.environ.get("RANK") not in (None, "") and os.environ.get("WORLD_SIZE"):
+        rank, size = _env_int("RANK"), _env_int("WORLD_SIZE")
+        lsize = _env_int("LOCAL_WORLD_SIZE", default=size)
+        return dict(launcher="torchrun", rank=rank, size=size,
+                    local_rank=_env_int("LOCAL_RANK", default=rank), local_size=lsize,
+                    cross_rank=_env_int("GROUP_RANK", default=rank // max(1, lsize)),
+                    cross_size=max(1, size // max(1, lsize)))
+    if os.environ.get("SLURM_PROCID") not in (None, ""):
+        rank, size = _env_int("SLURM_PROCID"), _env_int("SLURM_NTASKS", default=1)
+        nodes = _env_int("SLURM_NNODES", "SLURM_JOB_NUM_NODES", default=1)
+        lsize = max(1, size // max(1, nodes))
+        return dict(launcher="srun", rank=rank, size=size,
+                    local_rank=_env_int("SLURM_LOCALID", default=rank % lsize),
+                    local_size=lsize, cross_rank=_env_int("SLURM_NODEID", default=rank // lsize),
+                    cross_size=nodes)
+    return None
+
+
 def _detect_world() -> dict:
-    """Rank, size and rendezvous as set by horovodrun; a world of one otherwise."""
-    rank = _env_int("HOROVOD_RANK")
-    size = _env_int("HOROVOD_SIZE")
-    if rank is None or size is None:
+    """The world and its rendezvous store (docs/launchers.md)."""
+    global _store_server
+    world = _world_from_launcher()
+    if world is None:
         return dict(rank=0, size=1, local_rank=0, local_size=1, cross_rank=0, cross_size=1,
                     store_host="", store_port=0, secret="")
-    if not 0 <= rank < size:
-        raise ValueError(f"HOROVOD_RANK={rank} is out of range for HOROVOD_SIZE={size}")
-    world = dict(
-        rank=rank, size=size,
-        local_rank=_env_int("HOROVOD_LOCAL_RANK", default=rank),
-        local_size=_env_int("HOROVOD_LOCAL_SIZE", default=size),
-        cross_rank=_env_int("HOROVOD_CROSS_RANK", default=0),
-        cross_size=_env_int("HOROVOD_CROSS_SIZE", default=1),
-        store_host=os.environ.get("HOROVOD_STORE_ADDR", ""),
-        store_port=_env_int("HOROVOD_STORE_PORT", default=0),
-        secret=os.environ.get("HOROVOD_SECRET", ""),
-    )
-    if size > 1 and not world["store_host"]:
+    launcher = world.pop("launcher")
+    if not 0 <= world["rank"] < world["size"]:
+        raise ValueError(f"rank {world['rank']} is out of range for size {world['size']} "
+                         f"(from {launcher})")
+    host = os.environ.get("HOROVOD_STORE_ADDR", "")
+    port = _env_int("HOROVOD_STORE_PORT", default=0)
+    secret = os.environ.get("HOROVOD_SECRET", "")
+    if launcher != "horovodrun" and world["size"] > 1 and not host:
+        # No horovodrun: rank 0 hosts the store next to torch's (MASTER_PORT + 1).
+        master = os.environ.get("MASTER_ADDR")
+        master_port = _env_int("MASTER_PORT")
+        if not master or master_port is None:
+            raise ValueError(f"started by {launcher} without a rendezvous address: set "
+                             "MASTER_ADDR and MASTER_PORT (rank 0's host and a free port), "
+                             "or HOROVOD_STORE_ADDR and HOROVOD_STORE_PORT, or use horovodrun")
+        host, port = master, master_port + 1
+        secret = secret or "|".join(os.environ.get(k, "") for k in (
+            "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "OMPI_MCA_orte_ess_jobid", "MASTER_PORT"))
+        if world["rank"] == 0 and _store_server is None:
+            _store_server = _C.StoreServer("0.0.0.0", port, secret)
+    if world["size"] > 1 and not host:
         raise ValueError("HOROVOD_SIZE > 1 but HOROVOD_STORE_ADDR is not set; "
                          "start the job with horovodrun")
+    world.update(store_host=host, store_port=port or 0, secret=secret)
     return world
 
 

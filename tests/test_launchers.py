@@ -1,0 +1,72 @@
+"""hvd.init() under other launchers: torchrun for real; SLURM's srun and OpenMPI's
+mpirun by the variables they set (neither is installed on the CI machine)."""
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from tests.harness import ROOT
+
+PROBE = os.path.join(ROOT, "tests", "launcher_probe.py")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _clean_env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("HOROVOD_", "OMPI_", "SLURM_")) and
+           k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(PYTHONPATH=ROOT, OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+def _probes(text):
+    return sorted((dict(re.findall(r"(\w+)=(\S+)", line)) for line in text.splitlines()
+                   if line.startswith("PROBE")), key=lambda d: int(d["rank"]))
+
+
+def test_torchrun():
+    port = _free_port()
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                          "--master-addr", "127.0.0.1", "--master-port", str(port), PROBE],
+                         env=_clean_env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    probes = _probes(out.stdout)
+    assert [p["rank"] for p in probes] == ["0", "1"], out.stdout
+    assert all(p["size"] == "2" and p["sum"] == "1" and p["local_size"] == "2" for p in probes)
+
+
+@pytest.mark.parametrize("launcher", ["srun", "mpirun"])
+def test_slurm_and_openmpi_variables(launcher):
+    port = _free_port()
+    procs = []
+    for r in range(2):
+        if launcher == "srun":
+            extra = dict(SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_NNODES="1",
+                         SLURM_LOCALID=str(r), SLURM_NODEID="0", SLURM_JOB_ID="42")
+        else:
+            extra = dict(OMPI_COMM_WORLD_RANK=str(r), OMPI_COMM_WORLD_SIZE="2",
+                         OMPI_COMM_WORLD_LOCAL_RANK=str(r), OMPI_COMM_WORLD_LOCAL_SIZE="2")
+        env = _clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **extra)
+        procs.append(subprocess.Popen([sys.executable, PROBE], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    probes = _probes("".join(outs))
+    assert [(p["rank"], p["local_rank"], p["sum"]) for p in probes] == [("0", "0", "1"),
+                                                                       ("1", "1", "1")]
+
+
+def test_foreign_launcher_without_address_is_a_clear_error():
+    env = _clean_env(RANK="0", WORLD_SIZE="2")
+    out = subprocess.run([sys.executable, PROBE], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode != 0
+    assert "MASTER_ADDR and MASTER_PORT" in out.stderr, out.stderr
