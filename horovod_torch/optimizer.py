@@ -143,19 +143,28 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         Parameters that got no gradient this step take part with zeros, so every
         rank submits the same set of tensors.
         """
-        for p in self._requires_update:
-            if p not in self._handles:
-                self._start(p)
-        for p, (h, ctx, compressed) in list(self._handles.items()):
-            if h is None:  # group member whose group is incomplete: cannot happen now
-                raise AssertionError("internal: incomplete gradient group after synchronize")
-            out = synchronize(h)
-            result = self._compression.decompress(out, ctx)
-            if result.data_ptr() != p.grad.data_ptr():
-                p.grad.copy_(result.view_as(p.grad))
+        try:
+            for p in self._requires_update:
+                if p not in self._handles:
+                    self._start(p)
+            for p, (h, ctx, compressed) in list(self._handles.items()):
+                if h is None:  # group member whose group is incomplete: cannot happen now
+                    raise AssertionError("internal: incomplete gradient group after synchronize")
+                out = synchronize(h)
+                result = self._compression.decompress(out, ctx)
+                if result.data_ptr() != p.grad.data_ptr():
+                    p.grad.copy_(result.view_as(p.grad))
+        finally:
+            # Also after a failure (a lost peer): the next step starts clean.
+            self._reset_pending()
+        self._synchronized = True
+
+    def _reset_pending(self) -> None:
+        """Forgets gradients in flight (after synchronize, or when elastic training
+        restores the state after a failure)."""
         self._handles.clear()
         self._passes.clear()
-        self._synchronized = True
+        self._group_ready.clear()
 
     @contextlib.contextmanager
     def skip_synchronize(self):

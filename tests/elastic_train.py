@@ -26,6 +26,7 @@ target = data.sum(1, keepdim=True)
 sampler = hvd.elastic.ElasticSampler(list(range(256)), shuffle=True, seed=1)
 state = hvd.elastic.TorchState(model, opt, sampler=sampler, step=0, epoch=0, batch=0)
 resets = []
+reported = []
 state.register_reset_callbacks([lambda: resets.append(hvd.size())])
 
 
@@ -41,7 +42,8 @@ def train(state):
         if (hvd.rank() == int(os.environ.get("KILL_RANK", "-1"))
                 and state.step == int(os.environ.get("KILL_STEP", "-1"))
                 and (os.environ.get("KILL_ALWAYS") or not os.path.exists(os.environ["MARKER"]))):
-            open(os.environ["MARKER"], "w").close()
+            with open(os.environ["MARKER"], "w") as f:
+                f.write(str(time.time()))
             os._exit(3)
         if hvd.rank() == 0 and state.step == int(os.environ.get("EDIT_STEP", "-1")):
             with open(os.environ["EDIT_FILE"], "w") as f:
@@ -53,6 +55,11 @@ def train(state):
         state.sampler.record_batch(state.batch, 8)
         state.batch += 1
         state.step += 1
+        if resets and not reported and os.path.exists(os.environ.get("MARKER", "")):
+            reported.append(1)
+            with open(os.environ["MARKER"]) as f:
+                died = float(f.read() or "nan")
+            print(f"RECOVERY rank={hvd.rank()} seconds={time.time() - died:.2f}", flush=True)
         time.sleep(float(os.environ.get("STEP_SLEEP", "0.02")))
         state.commit()
 

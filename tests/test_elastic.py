@@ -29,14 +29,18 @@ def _finals(output):
 
 
 def test_worker_failure_restores_and_continues(tmp_path):
-    rc, out = _run(tmp_path, "localhost:2", {"KILL_RANK": "1", "KILL_STEP": "15"},
+    rc, out = _run(tmp_path, "localhost:2", {"KILL_RANK": "1", "KILL_STEP": "15",
+                                             "STEPS": "150", "STEP_SLEEP": "0.05"},
                    ["-np", "2", "--min-np", "1", "--max-np", "2",
                     "--blacklist-cooldown-range", "1", "2"])
     assert rc == 0, out
     assert "exited with code 3" in out and "lost a peer" in out, out
     finals = _finals(out)
-    assert finals and all(f["step"] == "40" and f["same"] == "True" for f in finals), out
+    assert finals and all(f["step"] == "150" and f["same"] == "True" for f in finals), out
     assert any(f["size"] == "2" for f in finals), "the replacement worker did not join:\n" + out
+    recovery = re.findall(r"RECOVERY rank=0 seconds=([\d.]+)", out)
+    print(f"recovery from a worker's death to the next completed step: {recovery} s")
+    assert recovery, out
 
 
 def test_host_added_joins_running_job(tmp_path):
@@ -76,3 +80,77 @@ def test_too_few_workers_for_min_np_ends_with_clear_error(tmp_path):
                    timeout=120)
     assert rc == 1, out
     assert "fewer than --min-np 2" in out, out
+
+
+def test_every_host_blacklisted_is_a_clear_error(tmp_path):
+    rc, out = _run(tmp_path, "localhost:1", {"KILL_RANK": "0", "KILL_STEP": "3"},
+                   ["-np", "1", "--min-np", "1", "--max-np", "1"], timeout=120)
+    assert rc == 1, out
+    assert "every host has failed and is blacklisted" in out, out
+
+
+def _worker_pid(worker_id):
+    """PID of the elastic worker with this HOROVOD_ELASTIC_WORKER_ID."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if f"HOROVOD_ELASTIC_WORKER_ID={worker_id}".encode() in env:
+            return int(pid)
+    return None
+
+
+def test_oci_train_script_survives_a_kill_and_a_new_host(tmp_path):
+    """The OCI guide's train.py, unmodified: 2 workers on two local hosts, one killed
+    mid-epoch, a third host added later; training finishes, rank 0 writes the
+    checkpoints and TensorBoard logs under $OCI__SYNC_DIR/artifacts."""
+    import signal
+    import threading
+    import time
+    data = tmp_path / "data"
+    subprocess.run([sys.executable, "-m", "horovod_torch.data", "mnist", str(data),
+                    "--train-size", "3000", "--test-size", "500"], check=True, timeout=120,
+                   env=dict(os.environ, PYTHONPATH=ROOT))
+    hosts_file = tmp_path / "hosts.txt"
+    hosts_file.write_text("localhost:1\n127.0.0.2:1\n")
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {hosts_file}\n")
+    discover.chmod(0o755)
+    sync_dir = tmp_path / "oci"
+    env = dict(os.environ, PYTHONPATH=ROOT, OCI__SYNC_DIR=str(sync_dir), OMP_NUM_THREADS="1",
+               HOME=str(tmp_path))
+    cmd = [sys.executable, "-m", "horovod_torch.runner", "-np", "2", "--min-np", "1",
+           "--max-np", "3", "--host-discovery-script", str(discover), sys.executable,
+           os.path.join(ROOT, "examples", "elastic", "train.py"), "--data-dir", str(data),
+           "--epochs", "2", "--batch-size", "32"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")),
+                              daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 120
+        while sum("Train Epoch: 1 [" in x for x in lines) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        pid = _worker_pid("127.0.0.2/1")
+        assert pid, "".join(lines)
+        os.kill(pid, signal.SIGKILL)
+        hosts_file.write_text("localhost:1\n127.0.0.2:1\n127.0.0.3:1\n")
+        proc.wait(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(timeout=10)
+    out = "".join(lines)
+    assert proc.returncode == 0, out
+    assert "exited with code 137" in out, out
+    assert "127.0.0.3:1" in out, "the new host never joined:\n" + out
+    assert out.count("Test set: Average loss") == 1, out
+    ckpts = sorted(p.name for p in (sync_dir / "artifacts" / "ckpts").iterdir())
+    assert ckpts == ["checkpoint-2.pth.tar", "checkpoint-3.pth.tar"], ckpts
+    assert any(p.name.startswith("events.") for p in (sync_dir / "artifacts" / "logs").iterdir())

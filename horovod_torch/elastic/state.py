@@ -135,6 +135,9 @@ class _OptimizerHandler:
 
     def restore(self) -> None:
         self.value.load_state_dict(self._saved)
+        # A DistributedOptimizer may hold gradients in flight from the failed step.
+        if hasattr(self.value, "_reset_pending"):
+            self.value._reset_pending()
 
     def sync(self) -> None:
         broadcast_optimizer_state(self.value, root_rank=0)

@@ -78,6 +78,7 @@ class ElasticDriver:
         self._workers: Dict[str, _Worker] = {}
         self._hosts: Dict[str, int] = {}
         self._blacklist: Dict[str, float] = {}  # host -> time it may be used again
+        self._failures: Dict[str, int] = {}
         self._ids = itertools.count()
         self._gen = -1
         self._resets = 0
@@ -236,6 +237,11 @@ class ElasticDriver:
             if changed and not finished:
                 if len(self._live()) < self._o.min_np:
                     self._grow(self._o.max_np)
+                if len(self._live()) < self._o.min_np and self._all_hosts_blacklisted_for_good():
+                    driver.log(f"every host has failed and is blacklisted "
+                               f"({', '.join(self._hosts)}); fewer than --min-np "
+                               f"{self._o.min_np} workers remain; stopping")
+                    return 1
                 if len(self._live()) < self._o.min_np:
                     waiting_since = waiting_since or time.monotonic()
                     if time.monotonic() - waiting_since > self._o.elastic_timeout:
@@ -249,11 +255,20 @@ class ElasticDriver:
             self._reap_removed()
 
     def _blacklist_host(self, host: str) -> None:
+        """Without --blacklist-cooldown-range a failed host is never used again; with
+        it, for a random LO..HI seconds, doubled for each further failure (capped at
+        32x), so a host that keeps failing is tried less and less often."""
+        self._failures[host] = self._failures.get(host, 0) + 1
         if self._o.cooldown:
             lo, hi = self._o.cooldown
-            self._blacklist[host] = time.monotonic() + random.uniform(lo, hi)
+            backoff = 2 ** min(5, self._failures[host] - 1)
+            self._blacklist[host] = time.monotonic() + random.uniform(lo, hi) * backoff
         else:
             self._blacklist[host] = float("inf")
+
+    def _all_hosts_blacklisted_for_good(self) -> bool:
+        return bool(self._hosts) and all(self._blacklist.get(h) == float("inf")
+                                         for h in self._hosts)
 
     def _reap_removed(self) -> None:
         now = time.monotonic()
