@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
+SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30]
 
 
 def _free_port() -> int:
@@ -23,6 +23,8 @@ def _free_port() -> int:
 
 
 def _fmt(n: int) -> str:
+    if n >= 1 << 30:
+        return f"{n >> 30} GB"
     return f"{n >> 20} MB" if n >= 1 << 20 else f"{n >> 10} KB"
 
 
@@ -40,19 +42,21 @@ def worker(iters: int) -> None:
     for nbytes in SIZES:
         t = torch.ones(nbytes // 4, dtype=torch.float32, device=dev)
         times = {"hvd": [], "nccl": []}
-        for rep in range(6):  # blocks alternate between the two; block 0 warms up
+        reps = 6 if nbytes < 1 << 28 else 3
+        for rep in range(reps):  # blocks alternate between the two; block 0 warms up
             for lib in ("hvd", "nccl"):
                 dist.barrier()
                 torch.cuda.synchronize()
                 start = time.perf_counter()
-                for _ in range(iters):
+                for _ in range(iters if nbytes < 1 << 28 else max(2, iters // 4)):
                     if lib == "hvd":
                         hvd.allreduce_(t, name=f"bench.{nbytes}", op=hvd.Sum)
                     else:
                         dist.all_reduce(t)
                 torch.cuda.synchronize()
                 if rep > 0:
-                    times[lib].append((time.perf_counter() - start) / iters)
+                    n_it = iters if nbytes < 1 << 28 else max(2, iters // 4)
+                    times[lib].append((time.perf_counter() - start) / n_it)
         med = {k: torch.tensor([statistics.median(v)], dtype=torch.float64, device=dev)
                for k, v in times.items()}
         for v in med.values():

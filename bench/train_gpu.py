@@ -60,7 +60,9 @@ def worker(args) -> None:
         model = _build(args.model, dev)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         if lib == "hvd":
-            opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+            comp = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+            opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                           compression=comp)
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)
             return model, model, opt
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index])
@@ -102,7 +104,8 @@ def worker(args) -> None:
     if hvd.rank() == 0:
         unit = "seq/s" if is_lm else "img/s"
         n = hvd.size()
-        print(f"\n{args.model} batch {args.batch_size}/GPU on {n} x "
+        print(f"\n{args.model} batch {args.batch_size}/GPU"
+              f"{' (hvd with fp16 compression)' if args.fp16_allreduce else ''} on {n} x "
               f"{torch.cuda.get_device_name(dev)} (torch {torch.__version__})")
         print(f"{'':6} {unit + '/GPU':>12} {'total':>10} {'peak MiB':>9}")
         for lib in ("hvd", "ddp"):
@@ -123,6 +126,8 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--ddp-first", action="store_true")
+    p.add_argument("--fp16-allreduce", action="store_true",
+                   help="hvd with Compression.fp16 (DDP stays fp32)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -137,7 +142,8 @@ def main() -> None:
            sys.executable, os.path.abspath(__file__), "--worker", "--model", args.model,
            "--batch-size", str(args.batch_size), "--warmup", str(args.warmup),
            "--iters", str(args.iters), "--steps", str(args.steps)] + \
-        (["--ddp-first"] if args.ddp_first else [])
+        (["--ddp-first"] if args.ddp_first else []) + \
+        (["--fp16-allreduce"] if args.fp16_allreduce else [])
     sys.exit(subprocess.call(cmd, env=env))
 
 

@@ -19,6 +19,9 @@ namespace hvd {
   X(wake_delay_us, "HOROVOD_WAKE_DELAY_US", double, 0.0,                              \
     "After a new request wakes the background thread, wait this many microseconds "  \
     "before negotiating, so requests arriving together are fused.")                  \
+  X(spin_us, "HOROVOD_SPIN_US", double, 0.0,                                          \
+    "After a cycle that ran work, poll for new requests this many microseconds "      \
+    "before sleeping: lower latency for back-to-back ops at the cost of a busy core.") \
   X(cache_capacity, "HOROVOD_CACHE_CAPACITY", int64_t, 1024,                          \
     "Number of responses kept in the response cache (0 disables the cache).")         \
   X(tcp_timeout_s, "HOROVOD_TCP_TIMEOUT", double, 60.0,                               \

@@ -192,6 +192,7 @@ Status Runtime::Submit(std::vector<Submission> subs,
     std::string name = subs[i].request.name;
     pending_.emplace(std::move(name), Entry{std::move(subs[i]), h, std::move(ready[i])});
   }
+  has_fresh_.store(true, std::memory_order_release);
   cv_.notify_one();
   return Status::Ok();
 }
@@ -201,9 +202,18 @@ Status Runtime::Submit(std::vector<Submission> subs,
 // pending and future op; the sockets are shut so peers notice at once too.
 void Runtime::Loop() {
   auto cycle = std::chrono::microseconds(static_cast<int64_t>(config_.cycle_time_ms * 1000));
+  auto spin = std::chrono::microseconds(static_cast<int64_t>(config_.spin_us));
+  bool busy = false;  // the last cycle ran work
   while (true) {
     std::vector<Request> fresh;
     bool want_shutdown;
+    if (busy && spin.count() > 0) {
+      auto until = std::chrono::steady_clock::now() + spin;
+      while (!has_fresh_.load(std::memory_order_acquire) &&
+             std::chrono::steady_clock::now() < until) {
+        std::this_thread::yield();
+      }
+    }
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, cycle, [this] { return !fresh_.empty() || shutdown_requested_; });
@@ -214,12 +224,14 @@ void Runtime::Loop() {
         lock.lock();
       }
       fresh.swap(fresh_);
+      has_fresh_.store(false, std::memory_order_release);
       want_shutdown = shutdown_requested_;
     }
     std::vector<Response> responses;
     bool shutdown = false;
     Status st = controller_->Cycle(std::move(fresh), want_shutdown, &responses, &shutdown);
     if (st.ok()) st = Execute(responses);
+    busy = !responses.empty();
     if (!st.ok()) {
       HVD_LOG(kError) << "background loop stopped: " << st.message();
       transport_->Abort();

@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -75,6 +76,7 @@ class Runtime {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Request> fresh_;                       // GUARDED_BY(mu_)
+  std::atomic<bool> has_fresh_{false};               // hint for the spinning loop
   std::unordered_map<std::string, Entry> pending_;   // GUARDED_BY(mu_)
   bool shutdown_requested_ = false;                  // GUARDED_BY(mu_)
   bool stopped_ = false;                             // GUARDED_BY(mu_)
