@@ -217,7 +217,9 @@ class ElasticDriver:
                 changed = True
                 self._resets += 1
             finished = [w for w in self._workers.values() if w.done]
-            if finished and not self._live():
+            # Training is over once every assigned worker is done; workers started for
+            # a generation that never formed are stopped (in run()'s finally).
+            if finished and not [w for w in self._live() if w.rank >= 0]:
                 return 0
             if self._o.reset_limit and self._resets > self._o.reset_limit:
                 driver.log(f"the job was reset {self._resets} times, more than --reset-limit "
