@@ -56,7 +56,8 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.num_samples = math.ceil(len(remaining) / self.num_replicas) if remaining else 0
         total = self.num_samples * self.num_replicas
         if remaining and total > len(remaining):  # pad so every rank has as many
-            remaining += remaining[:total - len(remaining)]
+            repeats = math.ceil(total / len(remaining))
+            remaining = (remaining * repeats)[:total]
         self.indices = remaining[self.rank:total:self.num_replicas]
 
     def __iter__(self) -> Iterator[int]:

@@ -65,13 +65,15 @@ class ObjectState(State):
 
     def __init__(self, bcast_object=broadcast_object, get_rank=None, **kwargs: Any):
         self._bcast_object = bcast_object
-        self._saved_state: Dict[str, Any] = kwargs
-        self._set_attrs()
+        self._saved_state: Dict[str, Any] = copy.deepcopy(kwargs)
+        for k, v in kwargs.items():
+            setattr(self, k, v)
         super().__init__()
 
     def _set_attrs(self) -> None:
+        # Copies: changing a restored list in place must not change the commit.
         for k, v in self._saved_state.items():
-            setattr(self, k, v)
+            setattr(self, k, copy.deepcopy(v))
 
     def save(self) -> None:
         self._saved_state = {k: copy.deepcopy(getattr(self, k)) for k in self._saved_state}
@@ -134,7 +136,9 @@ class _OptimizerHandler:
         self._saved = _copy_into(self._saved, self.value.state_dict())
 
     def restore(self) -> None:
-        self.value.load_state_dict(self._saved)
+        # load_state_dict keeps the tensors it is given: hand it a copy, so later
+        # steps do not update the commit in place.
+        self.value.load_state_dict(copy.deepcopy(self._saved))
         # A DistributedOptimizer may hold gradients in flight from the failed step.
         if hasattr(self.value, "_reset_pending"):
             self.value._reset_pending()
@@ -142,6 +146,28 @@ class _OptimizerHandler:
     def sync(self) -> None:
         broadcast_optimizer_state(self.value, root_rank=0)
         self.save()
+
+
+class _SchedulerHandler:
+    """An LR scheduler: its state_dict is saved, restored and synced; the scheduler
+    object itself (attached to the real optimizer) is kept."""
+
+    def __init__(self, scheduler):
+        self.value = scheduler
+        self._saved = copy.deepcopy(scheduler.state_dict())
+
+    def save(self) -> None:
+        self._saved = copy.deepcopy(self.value.state_dict())
+
+    def restore(self) -> None:
+        self.value.load_state_dict(copy.deepcopy(self._saved))
+
+    def sync(self) -> None:
+        self._saved = broadcast_object(self._saved, 0, name="elastic.scheduler_state")
+        self.restore()
+
+    def reset(self) -> None:
+        pass
 
 
 class _SamplerHandler:
@@ -157,6 +183,10 @@ class _SamplerHandler:
     def restore(self) -> None:
         self.value.load_state_dict(self._saved)
 
+    def reset(self) -> None:
+        # Re-shard over the new world even when the sync is skipped (hosts removed).
+        self.value.reset()
+
     def sync(self) -> None:
         states = allgather_object(self.value.state_dict(), name="elastic.sampler_state")
         merged = dict(states[0])
@@ -171,6 +201,8 @@ def _handler_for(value: Any):
         return _ModelHandler(value)
     if isinstance(value, torch.optim.Optimizer):
         return _OptimizerHandler(value)
+    if isinstance(value, torch.optim.lr_scheduler.LRScheduler):
+        return _SchedulerHandler(value)
     if isinstance(value, ElasticSampler):
         return _SamplerHandler(value)
     return None
@@ -182,17 +214,35 @@ class TorchState(ObjectState):
 
     def __init__(self, model=None, optimizer=None, **kwargs: Any):
         kwargs.update(model=model, optimizer=optimizer)
-        self._handlers = {}
+        handlers = {}
         plain = {}
         for k, v in kwargs.items():
             h = _handler_for(v)
             if h is not None:
-                self._handlers[k] = h
+                handlers[k] = h
             elif v is not None or k not in ("model", "optimizer"):
                 plain[k] = v
-        for k, h in self._handlers.items():
-            setattr(self, k, h.value)
+        object.__setattr__(self, "_handlers", handlers)
+        for k, h in handlers.items():
+            object.__setattr__(self, k, h.value)
         super().__init__(**plain)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # `state.model = new_model` re-targets the handler to the new object.
+        handlers = self.__dict__.get("_handlers")
+        if handlers is not None and name in handlers and value is not handlers[name].value:
+            h = _handler_for(value)
+            if h is None:
+                raise ValueError(f"state.{name} was a {type(handlers[name].value).__name__}; "
+                                 f"cannot replace it with a {type(value).__name__}")
+            handlers[name] = h
+        object.__setattr__(self, name, value)
+
+    def reset(self) -> None:
+        for h in self._handlers.values():
+            if hasattr(h, "reset"):
+                h.reset()
+        super().reset()
 
     def save(self) -> None:
         for h in self._handlers.values():
