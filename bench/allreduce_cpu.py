@@ -8,23 +8,15 @@ horovod_torch and a gloo process group and alternates between them per size.
 """
 import argparse
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
+
+from _launch import launch_self, size_str
 
 SIZES = [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _fmt(nbytes: int) -> str:
-    return f"{nbytes >> 20} MB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KB"
 
 
 def worker(iters: int) -> None:
@@ -65,7 +57,7 @@ def worker(iters: int) -> None:
         print(f"{'size':>8} {'hvd ms':>10} {'gloo ms':>10} {'speedup':>8} {'hvd GB/s':>9}")
         for nbytes, th, tg in rows:
             busbw = 2 * (hvd.size() - 1) / hvd.size() * nbytes / th / 1e9
-            print(f"{_fmt(nbytes):>8} {th * 1e3:10.3f} {tg * 1e3:10.3f} {tg / th:7.2f}x "
+            print(f"{size_str(nbytes):>8} {th * 1e3:10.3f} {tg * 1e3:10.3f} {tg / th:7.2f}x "
                   f"{busbw:9.2f}")
         sys.stdout.flush()
     dist.destroy_process_group()
@@ -82,15 +74,9 @@ def main() -> None:
         worker(args.iters)
         return
     for n in args.np or [2, 4]:
-        env = dict(os.environ, BENCH_PORT=str(_free_port()),
-               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(
-                   __file__))), os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1")
-        cmd = [sys.executable, "-m", "horovod_torch.runner", "-np", str(n), "--disable-prefix",
-               sys.executable, os.path.abspath(__file__), "--worker", "--iters", str(args.iters)]
-        rc = subprocess.call(cmd, env=env)
+        rc = launch_self(__file__, n, ["--iters", str(args.iters)], {"OMP_NUM_THREADS": "1"})
         if rc != 0:
             sys.exit(rc)
-
 
 if __name__ == "__main__":
     main()

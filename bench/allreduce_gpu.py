@@ -7,25 +7,15 @@ Launches itself under horovodrun with one process per GPU (default: all GPUs).
 """
 import argparse
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
+
+from _launch import launch_self, size_str
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _fmt(n: int) -> str:
-    if n >= 1 << 30:
-        return f"{n >> 30} GB"
-    return f"{n >> 20} MB" if n >= 1 << 20 else f"{n >> 10} KB"
 
 
 def worker(iters: int) -> None:
@@ -72,7 +62,7 @@ def worker(iters: int) -> None:
         n = hvd.size()
         for nbytes, th, tt in rows:
             busbw = 2 * (n - 1) / n * nbytes / th / 1e9
-            print(f"{_fmt(nbytes):>8} {th * 1e6:10.1f} {tt * 1e6:10.1f} {tt / th:8.2f}x "
+            print(f"{size_str(nbytes):>8} {th * 1e6:10.1f} {tt * 1e6:10.1f} {tt / th:8.2f}x "
                   f"{busbw:15.1f}")
         sys.stdout.flush()
     dist.destroy_process_group()
@@ -90,13 +80,7 @@ def main() -> None:
         return
     import torch
     n = args.np or torch.cuda.device_count()
-    env = dict(os.environ, BENCH_PORT=str(_free_port()),
-               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(
-                   __file__))), os.environ.get("PYTHONPATH", "")]), NCCL_NVLS_ENABLE="0")
-    cmd = [sys.executable, "-m", "horovod_torch.runner", "-np", str(n), "--disable-prefix",
-           sys.executable, os.path.abspath(__file__), "--worker", "--iters", str(args.iters)]
-    sys.exit(subprocess.call(cmd, env=env))
-
+    sys.exit(launch_self(__file__, n, ["--iters", str(args.iters)]))
 
 if __name__ == "__main__":
     main()

@@ -9,21 +9,15 @@ memory of each.
 """
 import argparse
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 
+from _launch import launch_self
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _build(name, dev):
-    import torch
     import torch.nn as nn
     if name == "transformer":
         layer = nn.TransformerEncoderLayer(d_model=1024, nhead=16, dim_feedforward=4096,
@@ -135,17 +129,12 @@ def main() -> None:
         return
     import torch
     n = args.np or torch.cuda.device_count()
-    env = dict(os.environ, BENCH_PORT=str(_free_port()),
-               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(
-                   __file__))), os.environ.get("PYTHONPATH", "")]), NCCL_NVLS_ENABLE="0")
-    cmd = [sys.executable, "-m", "horovod_torch.runner", "-np", str(n), "--disable-prefix",
-           sys.executable, os.path.abspath(__file__), "--worker", "--model", args.model,
-           "--batch-size", str(args.batch_size), "--warmup", str(args.warmup),
-           "--iters", str(args.iters), "--steps", str(args.steps)] + \
-        (["--ddp-first"] if args.ddp_first else []) + \
-        (["--fp16-allreduce"] if args.fp16_allreduce else [])
-    sys.exit(subprocess.call(cmd, env=env))
-
+    worker_args = ["--model", args.model, "--batch-size", str(args.batch_size),
+                   "--warmup", str(args.warmup), "--iters", str(args.iters),
+                   "--steps", str(args.steps)]
+    worker_args += ["--ddp-first"] if args.ddp_first else []
+    worker_args += ["--fp16-allreduce"] if args.fp16_allreduce else []
+    sys.exit(launch_self(__file__, n, worker_args))
 
 if __name__ == "__main__":
     main()

@@ -96,6 +96,8 @@ def _contig(tensor: torch.Tensor) -> torch.Tensor:
 
 def poll(handle: int) -> bool:
     """True if the op behind `handle` has finished (synchronize() will not block)."""
+    if hasattr(handle, "synchronize"):  # sparse_allreduce_async's handle
+        return handle.poll() if hasattr(handle, "poll") else True
     if handle in _adasum._results:
         return True
     done = _C.poll(handle)
@@ -117,6 +119,8 @@ def _wait(handle: int):
 
 def synchronize(handle: int):
     """Waits for an async op; returns its output (alltoall: (output, received_splits))."""
+    if hasattr(handle, "synchronize"):  # sparse_allreduce_async's handle
+        return handle.synchronize()
     output, splits = _wait(handle)
     if splits is not None:
         return output, splits

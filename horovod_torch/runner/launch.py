@@ -154,18 +154,26 @@ def _check_elastic(parser: argparse.ArgumentParser,
     return args
 
 
-def run_elastic(args: argparse.Namespace) -> int:
-    """Run an elastic job under the ElasticDriver."""
-    from horovod_torch.runner.elastic_driver import ElasticDriver, ElasticOptions
+def _start_job(args: argparse.Namespace):
+    """Checks the command and starts the store: (secret, server), or an exit code."""
     if not _command_exists(args.command[0]):
         driver.log(f"command not found: {args.command[0]}")
         return 127
     secret = secrets.token_hex(16)
     try:
-        server = _start_store(secret)
+        return secret, _start_store(secret)
     except Exception as exc:  # pylint: disable=broad-except
         driver.log(f"failed to start the rendezvous store: {exc}")
         return 1
+
+
+def run_elastic(args: argparse.Namespace) -> int:
+    """Run an elastic job under the ElasticDriver."""
+    from horovod_torch.runner.elastic_driver import ElasticDriver, ElasticOptions
+    started = _start_job(args)
+    if isinstance(started, int):
+        return started
+    secret, server = started
     port = int(server.port())
 
     def env_for(worker_id: str, host: str, index: int) -> Dict[str, str]:
@@ -259,16 +267,10 @@ def _print_assignment(slots: List[hosts.SlotInfo], port: int) -> None:
 
 def run_static(args: argparse.Namespace) -> int:
     """Run a fixed-size job: store, workers, supervision; return exit code."""
-    if not _command_exists(args.command[0]):
-        driver.log(f"command not found: {args.command[0]}")
-        return 127
-
-    secret = secrets.token_hex(16)
-    try:
-        server = _start_store(secret)
-    except Exception as exc:  # pylint: disable=broad-except
-        driver.log(f"failed to start the rendezvous store: {exc}")
-        return 1
+    started = _start_job(args)
+    if isinstance(started, int):
+        return started
+    secret, server = started
     try:
         port = int(server.port())
         if args.verbose:
