@@ -33,7 +33,7 @@ demo: build
 	    $(PYTHON) examples/elastic/train.py --data-dir $(DATA) --epochs $(EPOCHS)
 
 cpp-test:
-	$(MAKE) -C tests/cpp run
+	$(MAKE) -C tests/cpp -j2 run
 
 pytest: build
 	$(PYTHON) -m pytest tests -q -m "not gpu"
