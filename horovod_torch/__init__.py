@@ -26,7 +26,7 @@ from horovod_torch.ops import (ProcessSet, allgather, allgather_async, allreduce
                                grouped_allreduce, grouped_allreduce_,
                                grouped_allreduce_async, grouped_allreduce_async_,
                                grouped_reducescatter, grouped_reducescatter_async, poll,
-                               reducescatter, reducescatter_async, synchronize)
+                               join, reducescatter, reducescatter_async, synchronize)
 
 from horovod_torch import elastic  # noqa: E402  (after the names it uses)
 

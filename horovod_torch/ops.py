@@ -457,3 +457,11 @@ def barrier(process_set=global_process_set) -> None:
     """Blocks until every rank has called barrier()."""
     _check_process_set(process_set)
     synchronize(_submit(_C.OP_BARRIER, [], [], [_auto_name("barrier", None)])[0])
+
+
+def join(device: int = -1) -> int:
+    """Tells the other ranks this one has no more data. Until every rank has joined,
+    this rank takes part in the others' allreduces with zeros (other collectives
+    fail while ranks have joined). Returns the rank that joined last."""
+    out = synchronize(_submit(_C.OP_JOIN, [], [], ["join"])[0])
+    return int(out[0])

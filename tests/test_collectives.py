@@ -31,3 +31,8 @@ def test_fusion_disabled_and_cache_disabled_give_same_results():
 def test_small_cache_with_evictions():
     run_workers("tests.workers:out_of_order_and_many", 2, env={"HOROVOD_CACHE_CAPACITY": "7"},
                 timeout=90)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_join_with_uneven_data(size):
+    run_workers("tests.workers:join_uneven", size, timeout=90)

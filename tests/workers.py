@@ -382,3 +382,32 @@ def stall() -> None:
     print(f"rank {r}: stall reported after {time.monotonic() - t0:.1f} s: {msg.splitlines()[0]}",
           flush=True)
     hvd.shutdown()
+
+
+def join_uneven() -> None:
+    """Rank r has 2r+2 batches: ranks that run out call hvd.join() and contribute
+    zeros to the others' allreduces; join() returns the last rank to join."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    steps = 2 * r + 2
+    for i in range(steps):
+        active = sum(1 for q in range(n) if 2 * q + 2 > i)
+        out = hvd.allreduce(torch.ones(3), name=f"step.{i}", op=hvd.Sum)
+        assert out.tolist() == [float(active)] * 3, (i, out)
+        avg = hvd.allreduce(torch.ones(2), name=f"avg.{i}")  # Average over all ranks
+        assert torch.allclose(avg, torch.full((2,), active / n)), (i, avg)
+    last = hvd.join()
+    assert last == n - 1, last
+    # After everyone joined, normal collectives work again, cached names included.
+    assert hvd.allreduce(torch.ones(1), name="step.0", op=hvd.Sum).item() == n
+    if n > 1:
+        if r == 0:
+            t0 = time.monotonic()
+            expect_raises(RuntimeError, lambda: hvd.allgather(torch.ones(1), name="ag_joined"),
+                          "join")
+        else:
+            hvd.join()
+        if r == 0:
+            hvd.join()
+    hvd.shutdown()
+    print("join ok", flush=True)

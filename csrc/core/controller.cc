@@ -21,7 +21,7 @@ template <typename F>
 std::string Disagreement(const std::vector<Request>& reqs, F field) {
   std::string s;
   for (size_t r = 0; r < reqs.size(); ++r) {
-    s += (r ? ", rank " : "rank ") + std::to_string(r) + " has " + field(reqs[r]);
+    s += (r ? ", rank " : "rank ") + std::to_string(reqs[r].rank) + " has " + field(reqs[r]);
   }
   return s;
 }
@@ -90,16 +90,12 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
       *error = "ranks disagree on HOROVOD_CACHE_CAPACITY; set it the same on every rank";
       return out;
     }
-    for (size_t w = 0; w < cache_.num_words(); ++w) {
-      out.ready_bits[w] &= l.ready_bits[w];
-      out.invalid_bits[w] |= l.invalid_bits[w];
-    }
+    for (size_t w = 0; w < cache_.num_words(); ++w) out.invalid_bits[w] |= l.invalid_bits[w];
     out.shutdown = out.shutdown || l.shutdown;
   }
-  for (size_t w = 0; w < cache_.num_words(); ++w) out.ready_bits[w] &= ~out.invalid_bits[w];
+  if (joined_.size() != static_cast<size_t>(size)) joined_.assign(size, false);
 
   // Full requests: record, and find names every rank has now submitted.
-  std::vector<std::string> complete;
   for (int r = 0; r < size; ++r) {
     for (const auto& req : lists[r].requests) {
       if (req.rank != r || (req.type == OpType::kAlltoall &&
@@ -109,6 +105,10 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
                  "' (a different build or a corrupted connection)";
         return out;
       }
+      if (req.type == OpType::kJoin) {
+        joined_[r] = true;
+        last_joined_ = r;
+      }
       Pending& p = table_[req.name];
       if (p.by_rank.empty()) {
         p.by_rank.resize(size);
@@ -117,28 +117,59 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
       if (!p.by_rank[req.rank].name.empty()) continue;  // duplicate: checked at submission
       p.by_rank[req.rank] = req;
       if (p.count == 0) p.since = std::chrono::steady_clock::now();
-      if (++p.count == size) complete.push_back(req.name);
+      ++p.count;
     }
   }
+  // Cached repeats: ready when every rank that has not joined has it pending (none,
+  // when every rank has joined).
+  bool any_active = false;
+  for (int r = 0; r < size; ++r) {
+    if (joined_[r]) continue;
+    any_active = true;
+    for (size_t w = 0; w < cache_.num_words(); ++w) out.ready_bits[w] &= lists[r].ready_bits[w];
+  }
+  if (!any_active) out.ready_bits.assign(cache_.num_words(), 0);
+  for (size_t w = 0; w < cache_.num_words(); ++w) out.ready_bits[w] &= ~out.invalid_bits[w];
+
+  // A name is ready when every rank submitted it; a joined rank counts as having
+  // submitted every name but the join itself, which needs all ranks.
+  auto ready_count = [&](const Pending& p) {
+    int n = p.count;
+    for (int r = 0; r < size; ++r) n += (joined_[r] && p.by_rank[r].name.empty()) ? 1 : 0;
+    return n;
+  };
+  auto rep = [](const Pending& p) -> const Request& {
+    for (const auto& q : p.by_rank) {
+      if (!q.name.empty()) return q;
+    }
+    return p.by_rank[0];
+  };
   // A grouped request runs only with its whole group: hold members until every
   // member is complete.
   std::map<int64_t, int> group_ready;
   for (const auto& kv : table_) {
-    if (kv.second.count == size && kv.second.by_rank[0].group_id != 0) {
-      ++group_ready[kv.second.by_rank[0].group_id];
+    if (ready_count(kv.second) == size && rep(kv.second).group_id != 0) {
+      ++group_ready[rep(kv.second).group_id];
     }
   }
   std::vector<std::pair<uint64_t, std::string>> ready;
   for (const auto& kv : table_) {
     const Pending& p = kv.second;
-    if (p.count != size) continue;
-    const Request& r0 = p.by_rank[0];
+    const Request& r0 = rep(p);
+    bool complete = r0.type == OpType::kJoin ? p.count == size : ready_count(p) == size;
+    if (!complete) continue;
     if (r0.group_id != 0 && group_ready[r0.group_id] < r0.group_size) continue;
     ready.emplace_back(p.order, kv.first);
   }
   std::sort(ready.begin(), ready.end());
   for (const auto& o : ready) {
-    out.responses.push_back(Match(table_[o.second].by_rank, size));
+    const Pending& p = table_[o.second];
+    Response resp = p.count == size ? Match(p.by_rank, size) : MatchJoined(p.by_rank, size);
+    if (resp.type == OpType::kJoin && resp.error.empty()) {
+      resp.root = last_joined_;
+      joined_.assign(size, false);
+    }
+    out.responses.push_back(std::move(resp));
     table_.erase(o.second);
   }
   InspectStalls(lists, &out);
@@ -279,7 +310,27 @@ Response Controller::Match(const std::vector<Request>& reqs, int size) {
       }
       break;
     case OpType::kBarrier:
+    case OpType::kJoin:
       break;
+  }
+  return resp;
+}
+
+Response Controller::MatchJoined(const std::vector<Request>& reqs, int size) {
+  std::vector<Request> present;
+  std::string missing;
+  for (size_t r = 0; r < reqs.size(); ++r) {
+    if (!reqs[r].name.empty()) {
+      present.push_back(reqs[r]);
+    } else {
+      missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+  }
+  Response resp = Match(present, size);
+  if (resp.error.empty() && resp.type != OpType::kAllreduce) {
+    resp.error = std::string("'") + resp.name + "' is a " + OpTypeName(resp.type) +
+                 ", but ranks [" + missing +
+                 "] called hvd.join(); only allreduce can run while ranks have joined";
   }
   return resp;
 }
@@ -301,7 +352,7 @@ void Controller::Apply(const ResponseList& list, std::vector<Response>* out) {
   for (size_t pos = 0; pos < cache_.capacity(); ++pos) {
     if (!TestBit(list.ready_bits, pos)) continue;
     int p = static_cast<int>(pos);
-    HVD_CHECK(cached_pending_.count(p) == 1);
+    // Absent on a rank that joined: it runs the op with zeros.
     out->push_back(cache_.Get(p));
     cache_.Touch(p);
     cached_pending_.erase(p);
@@ -311,7 +362,10 @@ void Controller::Apply(const ResponseList& list, std::vector<Response>* out) {
     auto sig = sent_sigs_.find(resp.name);
     std::string signature = sig == sent_sigs_.end() ? std::string() : sig->second;
     if (sig != sent_sigs_.end()) sent_sigs_.erase(sig);
-    if (!resp.error.empty() || resp.group_id != 0 || resp.type == OpType::kBarrier) continue;
+    if (!resp.error.empty() || resp.group_id != 0 || resp.type == OpType::kBarrier ||
+        resp.type == OpType::kJoin) {
+      continue;
+    }
     int evicted = -1;
     cache_.Put(resp, signature, &evicted);
     if (evicted >= 0) requeue(evicted);

@@ -43,6 +43,8 @@ class Controller {
   // Coordinator's validation of one name's requests (one per rank, by rank).
   // Exposed for tests.
   static Response Match(const std::vector<Request>& reqs, int size);
+  // Match when some ranks joined: their entries are empty (no name).
+  static Response MatchJoined(const std::vector<Request>& reqs, int size);
 
  private:
   void Classify(Request req, std::vector<uint64_t>* invalid);
@@ -64,6 +66,10 @@ class Controller {
   };
   std::map<std::string, Pending> table_;
   uint64_t next_order_ = 0;
+  // hvd.join(): ranks that have joined count as ready for every allreduce (they
+  // contribute zeros) until every rank has joined.
+  std::vector<bool> joined_;
+  int last_joined_ = -1;
 
   // Stall inspector state: cache positions some ranks have pending, since when.
   void InspectStalls(const std::vector<RequestList>& lists, ResponseList* out);

@@ -78,7 +78,7 @@ void Runtime::Shutdown() {
 Status Runtime::CheckLocal(const Submission& s) const {
   const Request& r = s.request;
   const char* op = OpTypeName(r.type);
-  if (r.type == OpType::kBarrier) return Status::Ok();
+  if (r.type == OpType::kBarrier || r.type == OpType::kJoin) return Status::Ok();
   if (!s.input.defined()) return Status::InvalidArgument(std::string(op) + ": tensor is undefined");
   if (s.input.is_cuda() && gpu_ == nullptr) {
     return Status::InvalidArgument(std::string(op) + " of '" + r.name + "': tensor is on " +
@@ -185,6 +185,7 @@ Status Runtime::Submit(std::vector<Submission> subs,
     }
   }
   handles->clear();
+  for (const auto& s : subs) joined_ = joined_ || s.request.type == OpType::kJoin;
   for (size_t i = 0; i < subs.size(); ++i) {
     auto h = std::make_shared<HandleState>();
     handles->push_back(h);
@@ -266,10 +267,18 @@ Status Runtime::Execute(const std::vector<Response>& responses) {
       std::lock_guard<std::mutex> lock(mu_);
       for (size_t i : batch) {
         auto it = pending_.find(responses[i].name);
-        HVD_CHECK(it != pending_.end());
+        if (it == pending_.end()) {
+          // Only a rank that joined runs ops it did not submit: with zeros.
+          HVD_CHECK(joined_);
+          entries.push_back(Entry{});
+          continue;
+        }
         entries.push_back(std::move(it->second));
         pending_.erase(it);
       }
+    }
+    for (size_t k = 0; k < batch.size(); ++k) {
+      if (!entries[k].handle) entries[k] = JoinedEntry(responses[batch[k]]);
     }
     const Response& first = responses[batch[0]];
     Status st;
@@ -294,6 +303,22 @@ Status Runtime::Execute(const std::vector<Response>& responses) {
     }
   }
   return Status::Ok();
+}
+
+Entry Runtime::JoinedEntry(const Response& r) {
+  static const at::ScalarType kTypes[] = {at::kByte,     at::kChar,  at::kShort,
+                                          at::kInt,      at::kLong,  at::kHalf,
+                                          at::kBFloat16, at::kFloat, at::kDouble,
+                                          at::kBool};
+  auto options = at::TensorOptions().dtype(kTypes[static_cast<int>(r.dtype)]);
+  if (r.on_gpu) options = options.device(at::kCUDA);  // the current CUDA device
+  Entry e;
+  e.sub.request.name = r.name;
+  e.sub.input = at::zeros(r.shape, options);
+  e.sub.output = e.sub.input;
+  e.handle = std::make_shared<HandleState>();  // nobody waits for it
+  if (r.on_gpu) e.ready = gpu_->RecordReady(e.sub.input);
+  return e;
 }
 
 Status Runtime::RunAllreduce(const std::vector<Response>& batch, std::vector<Entry>& entries) {
@@ -345,6 +370,15 @@ Status Runtime::RunOne(const Response& r, Entry& e) {
     case OpType::kBarrier:
       e.handle->Complete(Status::Ok());
       return Status::Ok();
+    case OpType::kJoin: {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        joined_ = false;
+      }
+      at::Tensor last = at::full({1}, r.root, at::kInt);
+      e.handle->Complete(Status::Ok(), last);
+      return Status::Ok();
+    }
     case OpType::kBroadcast: {
       at::Tensor& out = e.sub.output;
       if (me == r.root && !out.is_same(in)) out.copy_(in);

@@ -63,6 +63,8 @@ class Runtime {
   Status RunOne(const Response& r, Entry& e);
   void FailAll(const Status& status);
   Status CheckLocal(const Submission& s) const;
+  // The stand-in a joined rank runs for a response it never submitted: zeros.
+  Entry JoinedEntry(const Response& r);
 
   WorldInfo world_;
   Config config_;
@@ -79,6 +81,7 @@ class Runtime {
   std::atomic<bool> has_fresh_{false};               // hint for the spinning loop
   std::unordered_map<std::string, Entry> pending_;   // GUARDED_BY(mu_)
   bool shutdown_requested_ = false;                  // GUARDED_BY(mu_)
+  bool joined_ = false;  // GUARDED_BY(mu_): hvd.join() pending; zeros stand in for ops
   bool stopped_ = false;                             // GUARDED_BY(mu_)
   Status broken_;                                    // GUARDED_BY(mu_)
 };

@@ -97,9 +97,10 @@ py::tuple Submit(int type, std::vector<at::Tensor> inputs,
     s.input = inputs[i];
     if (i < outputs.size() && outputs[i].has_value()) s.output = *outputs[i];
   }
-  if (type == static_cast<int>(OpType::kBarrier) && subs.empty()) {
+  if ((type == static_cast<int>(OpType::kBarrier) || type == static_cast<int>(OpType::kJoin)) &&
+      subs.empty()) {
     subs.resize(1);
-    subs[0].request.type = OpType::kBarrier;
+    subs[0].request.type = static_cast<OpType>(type);
     subs[0].request.name = names.empty() ? "barrier" : names[0];
   }
   std::vector<std::shared_ptr<HandleState>> states;
@@ -202,6 +203,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("OP_ALLTOALL") = static_cast<int>(OpType::kAlltoall);
   m.attr("OP_REDUCESCATTER") = static_cast<int>(OpType::kReducescatter);
   m.attr("OP_BARRIER") = static_cast<int>(OpType::kBarrier);
+  m.attr("OP_JOIN") = static_cast<int>(OpType::kJoin);
 
   py::class_<StoreServer>(m, "StoreServer")
       .def(py::init([](const std::string& host, int port, const std::string& secret) {

@@ -75,7 +75,7 @@ Response GetResponse(Reader& rd) {
 }
 
 bool ValidEnums(OpType t, DataType d, ReduceOp o) {
-  return static_cast<uint8_t>(t) <= static_cast<uint8_t>(OpType::kBarrier) &&
+  return static_cast<uint8_t>(t) <= static_cast<uint8_t>(OpType::kJoin) &&
          static_cast<uint8_t>(d) <= static_cast<uint8_t>(DataType::kBool) &&
          static_cast<uint8_t>(o) <= static_cast<uint8_t>(ReduceOp::kProduct);
 }
@@ -97,6 +97,7 @@ const char* OpTypeName(OpType t) {
     case OpType::kAlltoall: return "alltoall";
     case OpType::kReducescatter: return "reducescatter";
     case OpType::kBarrier: return "barrier";
+    case OpType::kJoin: return "join";
   }
   return "unknown";
 }

@@ -19,6 +19,7 @@ enum class OpType : uint8_t {
   kAlltoall = 3,
   kReducescatter = 4,
   kBarrier = 5,
+  kJoin = 6,  // this rank has no more data; it contributes zeros until all have joined
 };
 const char* OpTypeName(OpType t);
 
