@@ -28,8 +28,10 @@ def _clean_env(**extra):
 
 
 def _probes(text):
-    return sorted((dict(re.findall(r"(\w+)=(\S+)", line)) for line in text.splitlines()
-                   if line.startswith("PROBE")), key=lambda d: int(d["rank"]))
+    fields = r"rank=(\d+) size=(\d+) local_rank=(\d+) local_size=(\d+) cross_rank=(\d+) sum=(\d+)"
+    keys = ("rank", "size", "local_rank", "local_size", "cross_rank", "sum")
+    return sorted((dict(zip(keys, m)) for m in re.findall("PROBE " + fields, text)),
+                  key=lambda d: int(d["rank"]))
 
 
 def test_torchrun():
