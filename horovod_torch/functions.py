@@ -5,7 +5,7 @@ from typing import Any, List, Optional
 
 import torch
 
-from horovod_torch.basics import rank, size
+from horovod_torch.basics import rank
 from horovod_torch.ops import (allgather, broadcast_, broadcast_async_, global_process_set,
                                synchronize)
 

@@ -4,7 +4,7 @@ a generated name and are matched across ranks by submission order."""
 import itertools
 import threading
 import warnings
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 import torch
 

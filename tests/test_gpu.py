@@ -1,6 +1,5 @@
 """GPU tests (NCCL data plane). They need 2+ CUDA GPUs and run on the lent GPU
 machine: `pytest -m gpu tests/test_gpu.py`."""
-import os
 
 import pytest
 import torch

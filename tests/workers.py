@@ -2,7 +2,6 @@
 results against a reference computed in this one process from every rank's input
 (inputs are a deterministic function of rank and case), and raises on a mismatch."""
 import os
-import sys
 import time
 
 import torch
@@ -402,7 +401,6 @@ def join_uneven() -> None:
     assert hvd.allreduce(torch.ones(1), name="step.0", op=hvd.Sum).item() == n
     if n > 1:
         if r == 0:
-            t0 = time.monotonic()
             expect_raises(RuntimeError, lambda: hvd.allgather(torch.ones(1), name="ag_joined"),
                           "join")
         else:
