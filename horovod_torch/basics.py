@@ -159,6 +159,21 @@ def shutdown() -> None:
     _C.shutdown()
 
 
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Starts writing a Chrome-trace timeline to ``file_path`` (on the coordinator,
+    rank 0; other ranks accept the call and write nothing). A running timeline is
+    closed first. Open the file in chrome://tracing or https://ui.perfetto.dev, or
+    render it with ``examples/plot_timeline.py``."""
+    _world()
+    raise_for_status(*_C.start_timeline(os.fspath(file_path), bool(mark_cycles)))
+
+
+def stop_timeline() -> None:
+    """Stops the timeline and closes its JSON array; the file is complete on return."""
+    _world()
+    raise_for_status(*_C.stop_timeline())
+
+
 def is_initialized() -> bool:
     return _C.world() is not None
 

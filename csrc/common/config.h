@@ -42,7 +42,29 @@ namespace hvd {
     "If > 0, a collective stalled this long fails the job on every rank with the "    \
     "stall report instead of waiting forever.")                                       \
   X(log_level, "HOROVOD_LOG_LEVEL", std::string, "warning",                           \
-    "Log verbosity: trace, debug, info, warning, error or fatal.")
+    "Log verbosity: trace, debug, info, warning, error or fatal.")                    \
+  X(log_hide_time, "HOROVOD_LOG_HIDE_TIME", int64_t, 0,                               \
+    "1: log lines carry no timestamp (default: UTC time to the microsecond).")        \
+  X(timeline, "HOROVOD_TIMELINE", std::string, "",                                    \
+    "Path of a Chrome-trace JSON timeline the coordinator writes from init() on; "    \
+    "DYNAMIC: none until hvd.start_timeline().")                                      \
+  X(timeline_mark_cycles, "HOROVOD_TIMELINE_MARK_CYCLES", int64_t, 0,                 \
+    "1: the timeline marks every negotiation cycle that ran work.")                   \
+  X(autotune, "HOROVOD_AUTOTUNE", int64_t, 0,                                         \
+    "1: the coordinator tunes fusion threshold, wake delay and response cache during " \
+    "the first steps (Bayesian optimisation of bytes reduced per second), then keeps " \
+    "the best.")                                                                      \
+  X(autotune_log, "HOROVOD_AUTOTUNE_LOG", std::string, "",                            \
+    "CSV file where the coordinator records every autotune sample and its score.")    \
+  X(autotune_warmup_samples, "HOROVOD_AUTOTUNE_WARMUP_SAMPLES", int64_t, 3,           \
+    "Autotune samples discarded at the start (caches and allocators warming up).")    \
+  X(autotune_steps_per_sample, "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", int64_t, 10,      \
+    "Cycles that reduce data per autotune sample.")                                  \
+  X(autotune_bayes_opt_max_samples, "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", int64_t, \
+    20, "Settings autotune scores before it keeps the best.")                         \
+  X(autotune_gaussian_process_noise, "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",      \
+    double, 0.8, "Noise (relative variance) the autotune Gaussian process assumes "   \
+    "in scores.")
 
 struct Config {
 #define HVD_DECLARE_KNOB(member, env, type, def, doc) type member = def;

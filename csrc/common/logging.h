@@ -10,6 +10,8 @@ enum class LogLevel : int { kTrace = 0, kDebug, kInfo, kWarning, kError, kFatal 
 
 void SetLogLevel(const std::string& name);
 void SetLogRank(int rank);
+// Lines carry a UTC timestamp (to the microsecond) unless hidden.
+void SetLogHideTime(bool hide);
 bool LogEnabled(LogLevel level);
 void LogLine(LogLevel level, const std::string& text);
 

@@ -34,7 +34,7 @@ Controller::Controller(ControlPlane* control, size_t cache_capacity, StallOption
 void Controller::Classify(Request req, std::vector<uint64_t>* invalid) {
   std::string sig = req.Signature();
   bool same = false;
-  int pos = req.group_id == 0 ? cache_.Lookup(req.name, sig, &same) : -1;
+  int pos = req.group_id == 0 && params_.cache_enabled ? cache_.Lookup(req.name, sig, &same) : -1;
   if (pos >= 0 && same) {
     cached_pending_[pos] = std::move(req);
     return;
@@ -65,6 +65,14 @@ Status Controller::Cycle(std::vector<Request> fresh, bool want_shutdown,
     std::string error;
     ResponseList out = Coordinate(lists, &ok, &error);
     if (!ok) return Status::Aborted(error);
+    if (timeline_ != nullptr && timeline_->active()) TraceCachedBits(lists, out);
+    TunedParams next;
+    if (tuner_ && tuner_->Step(ReducedBytes(out), std::chrono::steady_clock::now(), &next)) {
+      out.has_params = true;
+      out.fusion_threshold_bytes = next.fusion_threshold_bytes;
+      out.wake_delay_us = next.wake_delay_us;
+      out.cache_enabled = next.cache_enabled;
+    }
     reply = Encode(out);
   }
   HVD_RETURN_IF_ERROR(control_->Bcast(&reply));
@@ -117,6 +125,10 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
       if (!p.by_rank[req.rank].name.empty()) continue;  // duplicate: checked at submission
       p.by_rank[req.rank] = req;
       if (p.count == 0) p.since = std::chrono::steady_clock::now();
+      if (timeline_ != nullptr) {
+        if (p.count == 0) timeline_->NegotiateStart(req.name, OpTypeName(req.type));
+        timeline_->NegotiateRankReady(req.name, r);
+      }
       ++p.count;
     }
   }
@@ -169,6 +181,7 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
       resp.root = last_joined_;
       joined_.assign(size, false);
     }
+    if (timeline_ != nullptr) timeline_->NegotiateEnd(resp.name);
     out.responses.push_back(std::move(resp));
     table_.erase(o.second);
   }
@@ -335,14 +348,76 @@ Response Controller::MatchJoined(const std::vector<Request>& reqs, int size) {
   return resp;
 }
 
-void Controller::Apply(const ResponseList& list, std::vector<Response>* out) {
-  auto requeue = [this](int pos) {
-    auto it = cached_pending_.find(pos);
-    if (it == cached_pending_.end()) return;
-    sent_sigs_[it->second.name] = it->second.Signature();
-    uncached_.push_back(std::move(it->second));
-    cached_pending_.erase(it);
+void Controller::TraceCachedBits(const std::vector<RequestList>& lists, const ResponseList& out) {
+  const int size = static_cast<int>(lists.size());
+  for (size_t pos = 0; pos < cache_.capacity(); ++pos) {
+    const int p = static_cast<int>(pos);
+    auto it = traced_bits_.find(p);
+    for (int r = 0; r < size; ++r) {
+      if (!TestBit(lists[r].ready_bits, pos)) continue;
+      if (it == traced_bits_.end()) {
+        const Response& cached = cache_.Get(p);
+        timeline_->NegotiateStart(cached.name, OpTypeName(cached.type));
+        it = traced_bits_.emplace(p, std::vector<bool>(size, false)).first;
+      }
+      if (!it->second[r]) {
+        it->second[r] = true;
+        timeline_->NegotiateRankReady(cache_.Get(p).name, r);
+      }
+    }
+    if (it != traced_bits_.end() &&
+        (TestBit(out.ready_bits, pos) || TestBit(out.invalid_bits, pos))) {
+      timeline_->NegotiateEnd(cache_.Get(p).name);
+      traced_bits_.erase(it);
+    }
+  }
+}
+
+int64_t Controller::ReducedBytes(const ResponseList& out) const {
+  int64_t bytes = 0;
+  auto add = [&bytes](const Response& r) {
+    if (!r.error.empty() || (r.type != OpType::kAllreduce && r.type != OpType::kReducescatter)) {
+      return;
+    }
+    int64_t n = 1;
+    for (int64_t d : r.shape) n *= d;
+    bytes += n * static_cast<int64_t>(DataTypeSize(r.dtype));
   };
+  for (size_t pos = 0; pos < cache_.capacity(); ++pos) {
+    if (TestBit(out.ready_bits, pos)) add(cache_.Get(static_cast<int>(pos)));
+  }
+  for (const auto& r : out.responses) add(r);
+  return bytes;
+}
+
+void Controller::Requeue(int pos) {
+  auto it = cached_pending_.find(pos);
+  if (it == cached_pending_.end()) return;
+  sent_sigs_[it->second.name] = it->second.Signature();
+  uncached_.push_back(std::move(it->second));
+  cached_pending_.erase(it);
+}
+
+// A new setting takes effect on every rank after this cycle's responses. Turning
+// the cache on or off empties it, and pending repeats are re-sent in full: every
+// rank then classifies its next requests against the same (empty) cache, so no
+// name is sent as a bit by one rank and in full by another.
+void Controller::ApplyParams(const ResponseList& list) {
+  if (!list.has_params) return;
+  bool cache_changed = list.cache_enabled != params_.cache_enabled;
+  params_.fusion_threshold_bytes = list.fusion_threshold_bytes;
+  params_.wake_delay_us = list.wake_delay_us;
+  params_.cache_enabled = list.cache_enabled;
+  if (!cache_changed) return;
+  for (size_t pos = 0; pos < cache_.capacity(); ++pos) {
+    Requeue(static_cast<int>(pos));
+    cache_.Erase(static_cast<int>(pos));
+  }
+  traced_bits_.clear();
+}
+
+void Controller::Apply(const ResponseList& list, std::vector<Response>* out) {
+  auto requeue = [this](int pos) { Requeue(pos); };
   for (size_t pos = 0; pos < cache_.capacity(); ++pos) {
     if (TestBit(list.invalid_bits, pos)) {
       requeue(static_cast<int>(pos));
@@ -366,10 +441,12 @@ void Controller::Apply(const ResponseList& list, std::vector<Response>* out) {
         resp.type == OpType::kJoin) {
       continue;
     }
+    if (!params_.cache_enabled) continue;
     int evicted = -1;
     cache_.Put(resp, signature, &evicted);
     if (evicted >= 0) requeue(evicted);
   }
+  ApplyParams(list);
 }
 
 }  // namespace hvd

@@ -16,7 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "core/autotune.h"
 #include "core/response_cache.h"
+#include "core/timeline.h"
 #include "transport/transport.h"
 #include "wire/message.h"
 
@@ -40,6 +42,16 @@ class Controller {
   Status Cycle(std::vector<Request> fresh, bool want_shutdown, std::vector<Response>* responses,
                bool* shutdown);
 
+  // The coordinator writes negotiation spans to `timeline` (borrowed; may be
+  // null or inactive).
+  void SetTimeline(Timeline* timeline) { timeline_ = timeline; }
+  // The setting every rank uses now; changes only through a ResponseList.
+  const TunedParams& params() const { return params_; }
+  void SetInitialParams(const TunedParams& p) { params_ = p; }
+  // Coordinator only: tune params_ during the first cycles that reduce data.
+  void EnableAutotune(std::unique_ptr<Autotuner> tuner) { tuner_ = std::move(tuner); }
+  bool autotune_done() const { return tuner_ == nullptr || tuner_->done(); }
+
   // Coordinator's validation of one name's requests (one per rank, by rank).
   // Exposed for tests.
   static Response Match(const std::vector<Request>& reqs, int size);
@@ -50,6 +62,11 @@ class Controller {
   void Classify(Request req, std::vector<uint64_t>* invalid);
   ResponseList Coordinate(const std::vector<RequestList>& lists, bool* ok, std::string* error);
   void Apply(const ResponseList& list, std::vector<Response>* out);
+  void ApplyParams(const ResponseList& list);
+  void Requeue(int pos);
+  // Coordinator: timeline spans for cached repeats, and the autotune input.
+  void TraceCachedBits(const std::vector<RequestList>& lists, const ResponseList& out);
+  int64_t ReducedBytes(const ResponseList& out) const;
 
   ControlPlane* control_;  // borrowed
   ResponseCache cache_;
@@ -76,6 +93,11 @@ class Controller {
   StallOptions stall_;
   std::map<int, std::chrono::steady_clock::time_point> partial_bits_;
   std::chrono::steady_clock::time_point last_stall_log_{};
+
+  Timeline* timeline_ = nullptr;
+  std::map<int, std::vector<bool>> traced_bits_;  // cache position -> ranks seen ready
+  TunedParams params_;
+  std::unique_ptr<Autotuner> tuner_;
 };
 
 }  // namespace hvd

@@ -40,6 +40,11 @@ int64_t RowElems(const std::vector<int64_t>& shape) {
 Status Runtime::Create(const WorldInfo& world, const Config& config,
                        std::unique_ptr<Runtime>* out) {
   std::unique_ptr<Runtime> rt(new Runtime(world, config));
+  // The coordinator's timeline file is opened first: a bad path fails init() on
+  // rank 0 before any peer waits for it.
+  if (world.rank == 0 && !config.timeline.empty() && config.timeline != "DYNAMIC") {
+    HVD_RETURN_IF_ERROR(rt->timeline_.Start(config.timeline, config.timeline_mark_cycles != 0));
+  }
   TcpOptions opt;
   opt.connect_timeout_s = config.start_timeout_s;
   opt.io_timeout_s = config.tcp_timeout_s;
@@ -59,12 +64,83 @@ Status Runtime::Create(const WorldInfo& world, const Config& config,
   rt->controller_ = std::make_unique<Controller>(
       rt->transport_.get(), static_cast<size_t>(std::max<int64_t>(0, config.cache_capacity)),
       StallOptions{config.stall_check_s, config.stall_shutdown_s});
+  TunedParams initial{config.fusion_threshold_bytes, config.wake_delay_us,
+                      config.cache_capacity > 0};
+  rt->controller_->SetInitialParams(initial);
+  rt->params_snapshot_ = initial;
+  if (world.rank == 0) {
+    rt->controller_->SetTimeline(&rt->timeline_);
+    if (config.autotune != 0) {
+      AutotuneOptions o;
+      o.warmup_samples = static_cast<int>(config.autotune_warmup_samples);
+      o.steps_per_sample = static_cast<int>(config.autotune_steps_per_sample);
+      o.max_samples = static_cast<int>(config.autotune_bayes_opt_max_samples);
+      o.noise = config.autotune_gaussian_process_noise;
+      o.log_path = config.autotune_log;
+      rt->controller_->EnableAutotune(std::make_unique<Autotuner>(o, initial));
+      rt->autotune_done_ = false;
+    }
+  }
+  HVD_LOG(kInfo) << "rank " << world.rank << " of " << world.size << " ready: TCP mesh"
+                 << (rt->gpu_ ? " and NCCL" : "") << ", fusion threshold "
+                 << config.fusion_threshold_bytes << " bytes, response cache "
+                 << config.cache_capacity << " entries"
+                 << (config.autotune != 0 && world.rank == 0 ? ", autotune on" : "")
+                 << (rt->timeline_.active() ? ", timeline " + config.timeline : std::string());
   rt->thread_ = std::thread([r = rt.get()] { r->Loop(); });
   *out = std::move(rt);
   return Status::Ok();
 }
 
 Runtime::~Runtime() { Shutdown(); }
+
+Status Runtime::StartTimeline(const std::string& path, bool mark_cycles) {
+  if (path.empty()) {
+    return Status::InvalidArgument("start_timeline: give the path of the JSON file to write");
+  }
+  return ControlTimeline(TimelineCommand{true, path, mark_cycles});
+}
+
+Status Runtime::StopTimeline() { return ControlTimeline(TimelineCommand{}); }
+
+Status Runtime::ControlTimeline(TimelineCommand command) {
+  if (world_.rank != 0) return Status::Ok();  // only the coordinator writes
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stopped_ || shutdown_requested_) {
+    return Status::Aborted("horovod_torch has been shut down; call hvd.init() again");
+  }
+  timeline_commands_.push_back(std::move(command));
+  uint64_t seq = ++timeline_requested_;
+  cv_.notify_all();
+  timeline_cv_.wait(lock, [&] { return timeline_applied_ >= seq || stopped_; });
+  if (timeline_applied_ < seq) return Status::Aborted("horovod_torch stopped before the timeline "
+                                                      "command ran");
+  return timeline_status_;
+}
+
+void Runtime::ApplyTimelineCommands(std::vector<TimelineCommand> commands) {
+  Status st;
+  for (auto& c : commands) {
+    if (c.start) {
+      st = timeline_.Start(c.path, c.mark_cycles);
+    } else {
+      timeline_.Stop();
+      st = Status::Ok();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    timeline_status_ = st;
+    timeline_applied_ += commands.size();
+  }
+  timeline_cv_.notify_all();
+}
+
+TunedParams Runtime::params(bool* autotune_done) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (autotune_done) *autotune_done = autotune_done_;
+  return params_snapshot_;
+}
 
 void Runtime::Shutdown() {
   {
@@ -205,9 +281,13 @@ void Runtime::Loop() {
   auto cycle = std::chrono::microseconds(static_cast<int64_t>(config_.cycle_time_ms * 1000));
   auto spin = std::chrono::microseconds(static_cast<int64_t>(config_.spin_us));
   bool busy = false;  // the last cycle ran work
+  TunedParams last_params = controller_->params();
+  bool last_done = controller_->autotune_done();
   while (true) {
     std::vector<Request> fresh;
+    std::vector<TimelineCommand> timeline_commands;
     bool want_shutdown;
+    const double wake_delay_us = controller_->params().wake_delay_us;
     if (busy && spin.count() > 0) {
       auto until = std::chrono::steady_clock::now() + spin;
       while (!has_fresh_.load(std::memory_order_acquire) &&
@@ -217,35 +297,60 @@ void Runtime::Loop() {
     }
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, cycle, [this] { return !fresh_.empty() || shutdown_requested_; });
-      if (!fresh_.empty() && config_.wake_delay_us > 0) {
+      cv_.wait_for(lock, cycle, [this] {
+        return !fresh_.empty() || shutdown_requested_ || !timeline_commands_.empty();
+      });
+      if (!fresh_.empty() && wake_delay_us > 0) {
         lock.unlock();
         std::this_thread::sleep_for(
-            std::chrono::microseconds(static_cast<int64_t>(config_.wake_delay_us)));
+            std::chrono::microseconds(static_cast<int64_t>(wake_delay_us)));
         lock.lock();
       }
       fresh.swap(fresh_);
       has_fresh_.store(false, std::memory_order_release);
       want_shutdown = shutdown_requested_;
+      timeline_commands.swap(timeline_commands_);
     }
+    if (!timeline_commands.empty()) ApplyTimelineCommands(std::move(timeline_commands));
     std::vector<Response> responses;
     bool shutdown = false;
     Status st = controller_->Cycle(std::move(fresh), want_shutdown, &responses, &shutdown);
+    if (!responses.empty()) timeline_.MarkCycle();
     if (st.ok()) st = Execute(responses);
+    timeline_.Flush();
     busy = !responses.empty();
+    if (!(controller_->params() == last_params) || controller_->autotune_done() != last_done) {
+      last_params = controller_->params();
+      last_done = controller_->autotune_done();
+      std::lock_guard<std::mutex> lock(mu_);
+      params_snapshot_ = last_params;
+      autotune_done_ = last_done;
+    }
     if (!st.ok()) {
       HVD_LOG(kError) << "background loop stopped: " << st.message();
       transport_->Abort();
       if (gpu_) gpu_->Abort();
       FailAll(Status::Aborted(st.message()));
+      timeline_.Stop();
       return;
     }
     if (shutdown) {
       FailAll(Status::Aborted("horovod_torch was shut down (a rank called hvd.shutdown()) "
                               "before this op completed"));
+      timeline_.Stop();
       return;
     }
   }
+}
+
+void Runtime::Trace(const std::vector<Response>& batch, const std::string& activity) {
+  if (!timeline_.active()) return;
+  for (const auto& r : batch) timeline_.Activity(r.name, activity);
+}
+
+void Runtime::TraceEnd(const std::vector<Response>& batch) {
+  if (!timeline_.active()) return;
+  for (const auto& r : batch) timeline_.OpEnd(r.name);
 }
 
 void Runtime::FailAll(const Status& status) {
@@ -257,11 +362,20 @@ void Runtime::FailAll(const Status& status) {
     pending.swap(pending_);
     fresh_.clear();
   }
+  timeline_cv_.notify_all();
   for (auto& kv : pending) kv.second.handle->Complete(status);
 }
 
 Status Runtime::Execute(const std::vector<Response>& responses) {
-  for (const auto& batch : PlanFusion(responses, config_.fusion_threshold_bytes)) {
+  if (timeline_.active()) {
+    for (const auto& r : responses) {
+      if (!r.error.empty()) continue;
+      timeline_.OpStart(r.name, OpTypeName(r.type));
+      timeline_.Activity(r.name, "QUEUE");
+    }
+  }
+  for (const auto& batch :
+       PlanFusion(responses, controller_->params().fusion_threshold_bytes)) {
     std::vector<Entry> entries;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -286,17 +400,18 @@ Status Runtime::Execute(const std::vector<Response>& responses) {
       entries[0].handle->Complete(Status::Mismatch(first.error));
       continue;
     }
+    std::vector<Response> rs;
+    for (size_t i : batch) rs.push_back(responses[i]);
     if (first.on_gpu) {
-      std::vector<Response> rs;
-      for (size_t i : batch) rs.push_back(responses[i]);
+      Trace(rs, std::string("NCCL_") + OpTypeName(first.type));
       st = gpu_->Execute(rs, entries);
     } else if (first.type == OpType::kAllreduce) {
-      std::vector<Response> rs;
-      for (size_t i : batch) rs.push_back(responses[i]);
       st = RunAllreduce(rs, entries);
     } else {
+      Trace(rs, std::string("TCP_") + OpTypeName(first.type));
       st = RunOne(first, entries[0]);
     }
+    TraceEnd(rs);
     if (!st.ok()) {
       for (auto& e : entries) e.handle->Complete(Status::Aborted(st.message()));
       return st;
@@ -331,6 +446,7 @@ Status Runtime::RunAllreduce(const std::vector<Response>& batch, std::vector<Ent
     if (!out.is_same(e.sub.input)) out.copy_(e.sub.input);
     size_t count = static_cast<size_t>(out.numel());
     ScaleBuffer(out.data_ptr(), count, r.dtype, r.prescale);
+    Trace(batch, "TCP_ALLREDUCE");
     HVD_RETURN_IF_ERROR(transport_->Allreduce(out.data_ptr(), count, r.dtype, op));
     ScaleBuffer(out.data_ptr(), count, r.dtype, post);
     e.handle->Complete(Status::Ok(), out);
@@ -342,14 +458,17 @@ Status Runtime::RunAllreduce(const std::vector<Response>& batch, std::vector<Ent
   if (fusion_buffer_.size() < total) fusion_buffer_.resize(total);
   char* buf = fusion_buffer_.data();
   size_t off = 0;
+  Trace(batch, "MEMCPY_IN_FUSION_BUFFER");
   for (auto& e : entries) {
     std::memcpy(buf + off, e.sub.input.data_ptr(), Bytes(e.sub.input));
     off += Bytes(e.sub.input);
   }
   size_t count = total / DataTypeSize(r.dtype);
   ScaleBuffer(buf, count, r.dtype, r.prescale);
+  Trace(batch, "TCP_ALLREDUCE");
   HVD_RETURN_IF_ERROR(transport_->Allreduce(buf, count, r.dtype, op));
   ScaleBuffer(buf, count, r.dtype, post);
+  Trace(batch, "MEMCPY_OUT_FUSION_BUFFER");
   off = 0;
   for (auto& e : entries) {
     std::memcpy(e.sub.output.data_ptr(), buf + off, Bytes(e.sub.input));

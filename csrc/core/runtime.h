@@ -23,6 +23,7 @@
 #include "core/entry.h"
 #include "core/gpu_backend.h"
 #include "core/handles.h"
+#include "core/timeline.h"
 #include "rendezvous/store.h"
 #include "transport/tcp_transport.h"
 
@@ -55,6 +56,13 @@ class Runtime {
   // Negotiated shutdown: blocks until the background thread has stopped.
   void Shutdown();
 
+  // hvd.start_timeline / stop_timeline: applied by the background thread between
+  // cycles; returns once applied. Only the coordinator writes a file.
+  Status StartTimeline(const std::string& path, bool mark_cycles);
+  Status StopTimeline();
+  // The setting in use (autotune may change it); done: the search has ended.
+  TunedParams params(bool* autotune_done);
+
  private:
   Runtime(WorldInfo world, Config config) : world_(std::move(world)), config_(std::move(config)) {}
   void Loop();
@@ -65,6 +73,16 @@ class Runtime {
   Status CheckLocal(const Submission& s) const;
   // The stand-in a joined rank runs for a response it never submitted: zeros.
   Entry JoinedEntry(const Response& r);
+  struct TimelineCommand {
+    bool start = false;
+    std::string path;
+    bool mark_cycles = false;
+  };
+  Status ControlTimeline(TimelineCommand command);
+  void ApplyTimelineCommands(std::vector<TimelineCommand> commands);
+  // Timeline spans of one fused batch (coordinator only; no-op when inactive).
+  void Trace(const std::vector<Response>& batch, const std::string& activity);
+  void TraceEnd(const std::vector<Response>& batch);
 
   WorldInfo world_;
   Config config_;
@@ -73,6 +91,7 @@ class Runtime {
   std::unique_ptr<Controller> controller_;
   std::unique_ptr<GpuBackend> gpu_;  // after transport_: destroyed before it
   std::vector<char> fusion_buffer_;  // background thread only
+  Timeline timeline_;                // background thread only (coordinator)
   std::thread thread_;
 
   std::mutex mu_;
@@ -84,6 +103,13 @@ class Runtime {
   bool joined_ = false;  // GUARDED_BY(mu_): hvd.join() pending; zeros stand in for ops
   bool stopped_ = false;                             // GUARDED_BY(mu_)
   Status broken_;                                    // GUARDED_BY(mu_)
+  std::vector<TimelineCommand> timeline_commands_;   // GUARDED_BY(mu_)
+  uint64_t timeline_requested_ = 0;                  // GUARDED_BY(mu_)
+  uint64_t timeline_applied_ = 0;                    // GUARDED_BY(mu_)
+  Status timeline_status_;                           // GUARDED_BY(mu_)
+  std::condition_variable timeline_cv_;
+  TunedParams params_snapshot_;                      // GUARDED_BY(mu_)
+  bool autotune_done_ = true;                        // GUARDED_BY(mu_)
 };
 
 }  // namespace hvd

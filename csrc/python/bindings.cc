@@ -44,14 +44,16 @@ py::tuple Init(int rank, int size, int local_rank, int local_size, int cross_ran
   }
   WorldInfo w{rank,       size,       local_rank, local_size, cross_rank,
               cross_size, store_host, store_port, secret,     prefix};
+  SetLogHideTime(config.log_hide_time != 0);
   std::unique_ptr<Runtime> rt;
   Status st;
   {
     py::gil_scoped_release nogil;
     std::lock_guard<std::mutex> lock(G().mu);
-    if (G().runtime) return Err(Status::Ok());  // already initialised
-    st = Runtime::Create(w, config, &rt);
-    if (st.ok()) G().runtime = std::move(rt);
+    if (!G().runtime) {  // else already initialised: Ok
+      st = Runtime::Create(w, config, &rt);
+      if (st.ok()) G().runtime = std::move(rt);
+    }
     // Group ids must match across ranks; workers that joined later (elastic)
     // count from 1 too.
     G().next_group = 1;
@@ -67,6 +69,40 @@ void Shutdown() {
     rt = std::move(G().runtime);
   }
   rt.reset();  // negotiated shutdown, joins the background thread
+}
+
+// start_timeline / stop_timeline: (code, message) like init.
+py::tuple ControlTimeline(bool start, const std::string& path, bool mark_cycles) {
+  Status st;
+  {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> lock(G().mu);
+    if (!G().runtime) {
+      st = Status::InvalidArgument("horovod_torch has not been initialized; call hvd.init() first");
+    } else if (start) {
+      st = G().runtime->StartTimeline(path, mark_cycles);
+    } else {
+      st = G().runtime->StopTimeline();
+    }
+  }
+  return Err(st);
+}
+
+// The engine's current (possibly autotuned) setting, or None before init.
+py::object TunedParamsDict() {
+  TunedParams p;
+  bool done = true;
+  {
+    std::lock_guard<std::mutex> lock(G().mu);
+    if (!G().runtime) return py::none();
+    p = G().runtime->params(&done);
+  }
+  py::dict d;
+  d["fusion_threshold_bytes"] = p.fusion_threshold_bytes;
+  d["wake_delay_us"] = p.wake_delay_us;
+  d["cache_enabled"] = p.cache_enabled;
+  d["autotune_done"] = done;
+  return d;
 }
 
 py::object World() {
@@ -194,6 +230,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("wait", &Wait);
   m.def("release", [](int h) { G().handles.Release(h); });
   m.def("knobs", &Knobs);
+  m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
+    return ControlTimeline(true, path, mark_cycles);
+  });
+  m.def("stop_timeline", [] { return ControlTimeline(false, "", false); });
+  m.def("tuned_params", &TunedParamsDict);
   m.def("nccl_built", &NcclVersionBuilt);
   m.def("mpi_built", [] { return false; });
   m.def("cuda_built", [] { return NcclVersionBuilt() != 0; });

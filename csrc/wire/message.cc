@@ -137,6 +137,12 @@ std::string Encode(const ResponseList& list) {
   w.U64s(list.invalid_bits);
   w.U32(static_cast<uint32_t>(list.responses.size()));
   for (const auto& r : list.responses) Put(w, r);
+  w.U8(list.has_params ? 1 : 0);
+  if (list.has_params) {
+    w.I64(list.fusion_threshold_bytes);
+    w.F64(list.wake_delay_us);
+    w.U8(list.cache_enabled ? 1 : 0);
+  }
   return std::move(w.str());
 }
 
@@ -170,6 +176,12 @@ Status Decode(const std::string& bytes, ResponseList* list) {
     list->responses.push_back(GetResponse(rd));
     const Response& r = list->responses.back();
     if (!ValidEnums(r.type, r.dtype, r.op)) return Status::Aborted("corrupt response from a peer");
+  }
+  list->has_params = rd.U8() != 0;
+  if (list->has_params) {
+    list->fusion_threshold_bytes = rd.I64();
+    list->wake_delay_us = rd.F64();
+    list->cache_enabled = rd.U8() != 0;
   }
   return Finish(rd, "response list");
 }

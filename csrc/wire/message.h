@@ -75,6 +75,11 @@ struct ResponseList {
   std::vector<Response> responses;     // new (uncached) responses, in execution order
   bool shutdown = false;
   std::string fatal;  // non-empty: the job stops; every rank fails with this message
+  // Autotune: the coordinator's new setting, applied by every rank this cycle.
+  bool has_params = false;
+  int64_t fusion_threshold_bytes = 0;
+  double wake_delay_us = 0;
+  bool cache_enabled = true;
 };
 
 std::string Encode(const RequestList& list);

@@ -499,6 +499,43 @@ TEST(Controller, RandomizedRoundsStayConsistent) {
   }
 }
 
+// Autotune on rank 0 with one-cycle samples: the setting (fusion threshold, wake
+// delay, response cache on/off) changes almost every cycle while ranks submit the
+// same names at random times. Every rank must see the same responses and the same
+// setting, and every name must be released exactly once per round.
+TEST(Controller, AutotuneSwitchesStayConsistent) {
+  Watchdog wd(60, "AutotuneSwitchesStayConsistent");
+  const int n = 3, names = 6;
+  Ranks ranks;
+  Status st = MakeRanks(n, {8, 8, 8}, &ranks);
+  ASSERT_TRUE(st.ok()) << st.message();
+  AutotuneOptions opt;
+  opt.warmup_samples = 0;
+  opt.steps_per_sample = 1;
+  opt.max_samples = 20;
+  ranks.ctrls[0]->EnableAutotune(std::make_unique<Autotuner>(opt, TunedParams{}));
+  std::mt19937 rng(7);
+  std::set<bool> cache_states;
+  for (int round = 0; round < 25; ++round) {
+    Schedule s(n);
+    for (int r = 0; r < n; ++r) {
+      for (int i = 0; i < names; ++i) {
+        s[r][static_cast<int>(rng() % 4)].push_back(Req("t" + std::to_string(i), {i + 1}));
+      }
+    }
+    const int cycles = 6;
+    RunLog log = RunCycles(ranks, s, cycles);
+    ASSERT_NO_FATAL_FAILURE(ExpectIdentical(log, cycles)) << "round " << round;
+    EXPECT_EQ(static_cast<int>(ReleaseCycles(log).size()), names) << "round " << round;
+    for (int r = 1; r < n; ++r) {
+      EXPECT_TRUE(ranks.ctrls[r]->params() == ranks.ctrls[0]->params()) << "round " << round;
+    }
+    cache_states.insert(ranks.ctrls[0]->params().cache_enabled);
+  }
+  EXPECT_EQ(cache_states.size(), 2u) << "the search never toggled the response cache";
+  EXPECT_TRUE(ranks.ctrls[0]->autotune_done());
+}
+
 TEST(Controller, ShutdownRequestReachesEveryRank) {
   Watchdog wd(30, "ShutdownRequestReachesEveryRank");
   Ranks ranks;

@@ -1,0 +1,82 @@
+"""The timeline (HOROVOD_TIMELINE, start_timeline/stop_timeline) and log lines."""
+import json
+import re
+
+from horovod_torch import timeline
+from tests.harness import run_workers
+
+
+def _by_tensor(events):
+    spans = timeline.spans(events)
+    out = {}
+    for s in spans:
+        out.setdefault(s["tensor"], []).append(s)
+    return out
+
+
+def test_timeline_records_negotiation_and_phases_per_tensor(tmp_path):
+    path = tmp_path / "timeline.json"
+    run_workers("tests.observe_workers:timeline_run", 2, args=["0"], timeout=90,
+                          env={"HOROVOD_TIMELINE": str(path),
+                               "HOROVOD_TIMELINE_MARK_CYCLES": "1",
+                               "HOROVOD_WAKE_DELAY_US": "20000"})  # fuse the three
+    events = json.loads(path.read_text())  # strict JSON: closed at shutdown
+    assert events[-1]["name"] == "TIMELINE_END"
+    assert any(e.get("name") == "CYCLE_START" for e in events)
+    # B and E balance for every tensor row, and time never runs backwards in a row.
+    for pid in {e["pid"] for e in events if e.get("ph") in "BE"}:
+        row = [e for e in events if e.get("pid") == pid and e.get("ph") in "BEi"]
+        assert sum(e["ph"] == "B" for e in row) == sum(e["ph"] == "E" for e in row)
+        assert [e["ts"] for e in row] == sorted(e["ts"] for e in row)
+    tensors = _by_tensor(events)
+    for i in range(3):
+        names = [s["name"] for s in tensors[f"grad.{i}"]]
+        assert "NEGOTIATE_ALLREDUCE" in names and "ALLREDUCE" in names, names
+        assert "QUEUE" in names and "TCP_ALLREDUCE" in names, names
+    # The three gradients were fused: copies into and out of the fusion buffer.
+    fused = [s["name"] for s in tensors["grad.0"]]
+    assert "MEMCPY_IN_FUSION_BUFFER" in fused and "MEMCPY_OUT_FUSION_BUFFER" in fused, fused
+    assert "TCP_ALLGATHER" in [s["name"] for s in tensors["gathered"]]
+    assert "TCP_BROADCAST" in [s["name"] for s in tensors["bcast"]]
+    # Cached repeats are negotiated (by bits) and recorded too: 3 rounds.
+    assert [s["name"] for s in tensors["repeat"]].count("NEGOTIATE_ALLREDUCE") == 3
+    # Each negotiation marks when each rank became ready.
+    pid = next(e["pid"] for e in events if e.get("ph") == "M"
+               and e["args"].get("name") == "grad.0")
+    marks = {e["name"] for e in events if e.get("ph") == "i" and e.get("pid") == pid}
+    assert marks == {"0", "1"}, marks
+
+
+def test_timeline_of_a_killed_job_is_readable(tmp_path):
+    path = tmp_path / "timeline.json"
+    results = run_workers("tests.observe_workers:timeline_run", 2, args=["1"], timeout=90,
+                          env={"HOROVOD_TIMELINE": str(path)}, expect_ok=False)
+    assert results[0].returncode == -9, results[0].output
+    text = path.read_text()
+    assert not text.rstrip().endswith("]")  # never closed
+    # Cut the last line in half too, as a crash mid-write would.
+    path.write_text(text.rstrip("\n")[:-7])
+    events = timeline.load(path)
+    assert len(events) > 20
+    assert {"grad.0", "gathered", "bcast"} <= set(_by_tensor(events))
+
+
+def test_start_and_stop_timeline_with_dynamic(tmp_path):
+    path = tmp_path / "dyn.json"
+    run_workers("tests.observe_workers:timeline_dynamic", 2, args=[str(path)], timeout=90,
+                env={"HOROVOD_TIMELINE": "DYNAMIC"})
+    events = json.loads(path.read_text())
+    tensors = set(_by_tensor(events))
+    assert tensors == {"during"}, tensors
+    assert any(e.get("name") == "CYCLE_START" for e in events)
+
+
+def test_log_lines_carry_rank_and_optional_timestamp(tmp_path):
+    stamp = re.compile(r"\[horovod_torch info rank 0 \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z\] "
+                       r"rank 0 of 1 ready")
+    plain = re.compile(r"\[horovod_torch info rank 0\] rank 0 of 1 ready")
+    for hide, pattern in (("0", stamp), ("1", plain)):
+        results = run_workers("tests.observe_workers:timeline_dynamic", 1,
+                              args=[str(tmp_path / "t.json")], timeout=60,
+                              env={"HOROVOD_LOG_LEVEL": "info", "HOROVOD_LOG_HIDE_TIME": hide})
+        assert pattern.search(results[0].output), results[0].output
