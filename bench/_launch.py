@@ -1,6 +1,7 @@
 """Shared by the benchmarks: each launches itself under horovodrun, one process per
 rank, with a free port for the peer library's own rendezvous (BENCH_PORT)."""
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -30,3 +31,19 @@ def launch_self(script: str, np: int, worker_args: Sequence[str],
     cmd = [sys.executable, "-m", "horovod_torch.runner", "-np", str(np), "--disable-prefix",
            sys.executable, os.path.abspath(script), "--worker", *worker_args]
     return subprocess.call(cmd, env=full_env)
+
+
+def run_synthetic(np: int, bench_args: Sequence[str], env: Dict[str, str]) -> float:
+    """Runs examples/pytorch_synthetic_benchmark.py on np ranks; returns total img/s."""
+    full = dict(os.environ, NCCL_NVLS_ENABLE="0",
+                PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]), **env)
+    cmd = [sys.executable, "-m", "horovod_torch.runner", "-np", str(np), "--disable-prefix",
+           sys.executable, os.path.join(REPO, "examples", "pytorch_synthetic_benchmark.py"),
+           *bench_args]
+    out = subprocess.run(cmd, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, timeout=1800).stdout
+    m = re.search(r"Total img/sec on \d+ \w+\(s\): ([\d.]+)", out)
+    if not m:
+        sys.stdout.write(out[-3000:])
+        raise SystemExit(f"no throughput in the output of {' '.join(cmd)}")
+    return float(m.group(1))

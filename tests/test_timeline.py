@@ -1,9 +1,12 @@
 """The timeline (HOROVOD_TIMELINE, start_timeline/stop_timeline) and log lines."""
 import json
+import os
 import re
+import subprocess
+import sys
 
 from horovod_torch import timeline
-from tests.harness import run_workers
+from tests.harness import ROOT, run_workers
 
 
 def _by_tensor(events):
@@ -80,3 +83,15 @@ def test_log_lines_carry_rank_and_optional_timestamp(tmp_path):
                               args=[str(tmp_path / "t.json")], timeout=60,
                               env={"HOROVOD_LOG_LEVEL": "info", "HOROVOD_LOG_HIDE_TIME": hide})
         assert pattern.search(results[0].output), results[0].output
+
+
+def test_plot_timeline_example_renders_a_png(tmp_path):
+    path, png = tmp_path / "timeline.json", tmp_path / "timeline.png"
+    run_workers("tests.observe_workers:timeline_run", 2, args=["0"], timeout=90,
+                env={"HOROVOD_TIMELINE": str(path), "HOROVOD_WAKE_DELAY_US": "20000"})
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "plot_timeline.py"),
+                          str(path), str(png)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "wrote" in out.stdout and "7 tensors" in out.stdout, out.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.stat().st_size > 10_000
