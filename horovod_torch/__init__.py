@@ -27,7 +27,8 @@ from horovod_torch.ops import (ProcessSet, allgather, allgather_async, allreduce
                                grouped_allreduce, grouped_allreduce_,
                                grouped_allreduce_async, grouped_allreduce_async_,
                                grouped_reducescatter, grouped_reducescatter_async, poll,
-                               join, reducescatter, reducescatter_async, synchronize)
+                               join, reducescatter, reducescatter_async, synchronize,
+                               add_process_set, remove_process_set)
 
 from horovod_torch import elastic  # noqa: E402  (after the names it uses)
 

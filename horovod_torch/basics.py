@@ -126,9 +126,11 @@ def init(comm=None, process_sets=None) -> None:
     after shutdown() starts a fresh engine.
     """
     global _init_count, _atexit_registered
-    if comm is not None or process_sets is not None:
-        raise ValueError("init(comm=..., process_sets=...) is not supported by this build yet; "
-                         "call hvd.init() without arguments")
+    if comm is not None:
+        raise ValueError("init(comm=...) needs an MPI build of horovod_torch; call hvd.init() "
+                         "and select ranks with process_sets=[hvd.ProcessSet([...])] instead")
+    if process_sets is not None and not isinstance(process_sets, (list, tuple)):
+        raise ValueError("process_sets must be a list of hvd.ProcessSet (or of rank lists)")
     with _lock:
         if _C.world() is not None:
             return
@@ -151,7 +153,12 @@ def init(comm=None, process_sets=None) -> None:
             # that joined an elastic job late, counts from zero after init().
             from horovod_torch import ops
             ops.reset_auto_names()
+            ops._reset_process_sets()
     raise_for_status(code, message)
+    if process_sets:
+        from horovod_torch import ops
+        for ps in process_sets:  # every rank registers the same sets in the same order
+            ops._register(ps, static=True)
 
 
 def shutdown() -> None:

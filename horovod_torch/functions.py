@@ -5,9 +5,8 @@ from typing import Any, List, Optional
 
 import torch
 
-from horovod_torch.basics import rank
-from horovod_torch.ops import (allgather, broadcast_, broadcast_async_, global_process_set,
-                               synchronize)
+from horovod_torch.ops import (_ps_id, _set_rank, allgather, broadcast_, broadcast_async_,
+                               global_process_set, synchronize)
 
 
 def _to_bytes_tensor(obj: Any) -> torch.Tensor:
@@ -24,14 +23,15 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
                      process_set=global_process_set) -> Any:
     """Returns root_rank's `obj` on every rank (any picklable object)."""
     name = name or type(obj).__name__
-    payload = _to_bytes_tensor(obj) if rank() == root_rank else torch.empty(0, dtype=torch.uint8)
+    is_root = _set_rank(_ps_id(process_set)) == root_rank
+    payload = _to_bytes_tensor(obj) if is_root else torch.empty(0, dtype=torch.uint8)
     length = torch.tensor([payload.numel()], dtype=torch.int64)
     broadcast_(length, root_rank, name=f"broadcast_object.{name}.len", process_set=process_set)
-    if rank() != root_rank:
+    if not is_root:
         payload = torch.empty(int(length.item()), dtype=torch.uint8)
     broadcast_(payload, root_rank, name=f"broadcast_object.{name}.data",
                process_set=process_set)
-    return obj if rank() == root_rank else _from_bytes_tensor(payload)
+    return obj if is_root else _from_bytes_tensor(payload)
 
 
 def allgather_object(obj: Any, name: Optional[str] = None,
@@ -80,7 +80,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     initialised or not) equal to root_rank's."""
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
-    state = optimizer.state_dict() if rank() == root_rank else None
+    is_root = _set_rank(_ps_id(process_set)) == root_rank
+    state = optimizer.state_dict() if is_root else None
     state = broadcast_object(state, root_rank, name="optimizer_state", process_set=process_set)
-    if rank() != root_rank:
+    if not is_root:
         optimizer.load_state_dict(state)

@@ -2,6 +2,7 @@
 grouped, and autograd-aware versions. Every op is keyed by its name; unnamed ops get
 a generated name and are matched across ranks by submission order."""
 import itertools
+import os
 import threading
 import warnings
 from typing import Dict, List, Optional, Sequence
@@ -15,51 +16,118 @@ from horovod_torch.basics import (Adasum, Average, Max, Min, Product, Sum, raise
 from horovod_torch.compression import Compression
 
 _name_lock = threading.Lock()
-_counters: Dict[str, "itertools.count"] = {}
+_counters: Dict[tuple, "itertools.count"] = {}
 
 
 class ProcessSet:
-    """A set of ranks collectives can be restricted to. Only the global set exists
-    in this build; passing it (or None) is accepted everywhere."""
+    """A set of ranks that run collectives together.
 
-    def __init__(self, ranks: Optional[Sequence[int]] = None):
-        self.ranks = list(ranks) if ranks is not None else None
-        self.process_set_id = 0
+    Create it from a list of ranks, then register it on every rank with
+    ``hvd.init(process_sets=[...])`` or ``hvd.add_process_set()`` (which sets its
+    ``process_set_id``), and pass it as ``process_set=`` to collectives. Within a set,
+    ranks are numbered by their position in ``ranks`` (``ps.rank()``), which is what
+    ``root_rank`` and alltoall ``splits`` refer to. ``hvd.global_process_set`` holds
+    every rank and has id 0.
+    """
 
-    def size(self) -> int:
-        return size()
+    def __init__(self, ranks_or_comm: Sequence[int]):
+        if hasattr(ranks_or_comm, "Get_rank") and hasattr(ranks_or_comm, "Get_size"):
+            raise ValueError("process sets from an MPI communicator need an MPI build of "
+                             "horovod_torch; give a list of ranks instead")
+        try:
+            ranks = list(ranks_or_comm)
+        except TypeError:
+            raise ValueError("ProcessSet needs a list of ranks, got "
+                             f"{type(ranks_or_comm).__name__}") from None
+        if any(isinstance(r, bool) or not isinstance(r, int) for r in ranks):
+            raise ValueError(f"ProcessSet ranks must be integers, got {ranks}")
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"ProcessSet ranks must be distinct, got {ranks}")
+        self.ranks: Optional[List[int]] = sorted(ranks)
+        self.process_set_id: Optional[int] = None
 
-    def rank(self) -> int:
-        return rank()
+    def _members(self) -> Optional[List[int]]:
+        if self.process_set_id == 0:
+            return list(range(size()))
+        return self.ranks
 
-    def included(self) -> bool:
-        return True
+    def size(self) -> Optional[int]:
+        """Number of ranks in the set; None while it is not registered."""
+        if self.process_set_id is None:
+            return None
+        return len(self._members())
+
+    def rank(self) -> Optional[int]:
+        """This process's rank within the set, -1 if it is not a member; None while the
+        set is not registered."""
+        if self.process_set_id is None:
+            return None
+        members = self._members()
+        return members.index(rank()) if rank() in members else -1
+
+    def included(self) -> Optional[bool]:
+        """Whether this process belongs to the set; None while it is not registered."""
+        if self.process_set_id is None:
+            return None
+        return rank() in self._members()
+
+    def invalidate(self) -> None:
+        self.process_set_id = None
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, ProcessSet) and other.process_set_id == self.process_set_id
+        return (isinstance(other, ProcessSet) and other.process_set_id == self.process_set_id
+                and (self.process_set_id == 0 or other.ranks == self.ranks))
 
     def __hash__(self) -> int:
-        return hash(self.process_set_id)
+        return hash((self.process_set_id, tuple(self.ranks or ())))
 
     def __repr__(self) -> str:
-        return "ProcessSet(global)"
+        if self.process_set_id == 0:
+            return "ProcessSet(process_set_id=0, global)"
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
 
 
-global_process_set = ProcessSet()
+global_process_set = ProcessSet([])
+global_process_set.ranks = None
+global_process_set.process_set_id = 0
+
+# Registered sets of this process, by id (0: global_process_set).
+_registry: Dict[int, ProcessSet] = {0: global_process_set}
 
 
-def _check_process_set(process_set) -> None:
-    if process_set is not None and process_set != global_process_set:
-        raise ValueError("process sets other than hvd.global_process_set are not supported by "
-                         "this build yet")
+def _ps_id(process_set) -> int:
+    """The engine id of `process_set` (None means the global set)."""
+    if process_set is None:
+        return 0
+    if not isinstance(process_set, ProcessSet):
+        raise ValueError(f"process_set must be a hvd.ProcessSet, got {type(process_set).__name__}")
+    if process_set.process_set_id is None:
+        raise ValueError(f"{process_set!r} is not registered: pass it to "
+                         "hvd.init(process_sets=[...]) or hvd.add_process_set() on every rank "
+                         "first (or it was removed)")
+    psid = process_set.process_set_id
+    if psid != 0 and rank() not in process_set.ranks:
+        raise ValueError(f"rank {rank()} is not in {process_set!r}; only its members may call "
+                         "collectives on it")
+    return psid
 
 
-def _auto_name(kind: str, name: Optional[str]) -> str:
+def _set_size(psid: int) -> int:
+    return size() if psid == 0 else len(_registry[psid].ranks)
+
+
+def _set_rank(psid: int) -> int:
+    return rank() if psid == 0 else _registry[psid].rank()
+
+
+def _auto_name(kind: str, name: Optional[str], psid: int = 0) -> str:
     if name is not None:
         return name
     with _name_lock:
-        counter = _counters.setdefault(kind, itertools.count())
-        return f"{kind}.noname.{next(counter)}"
+        # Ranks outside a set do not count its ops: one counter per set.
+        counter = _counters.setdefault((kind, psid), itertools.count())
+        n = next(counter)
+    return f"{kind}.noname.{n}" if psid == 0 else f"{kind}.ps{psid}.noname.{n}"
 
 
 def reset_auto_names() -> None:
@@ -80,10 +148,10 @@ def _resolve_op(op: Optional[int], average: Optional[bool]) -> int:
 def _submit(kind: int, inputs: List[torch.Tensor], outputs: List[Optional[torch.Tensor]],
             names: List[str], op: int = Sum, root: int = 0, prescale: float = 1.0,
             postscale: float = 1.0, splits: Optional[List[int]] = None,
-            grouped: bool = False) -> List[int]:
+            grouped: bool = False, psid: int = 0) -> List[int]:
     code, message, handles = _C.submit(kind, inputs, outputs, names, int(op), int(root),
                                        float(prescale), float(postscale),
-                                       list(splits or []), grouped)
+                                       list(splits or []), grouped, psid)
     raise_for_status(code, message)
     return handles  # the core keeps the tensors alive until the op completes
 
@@ -129,13 +197,15 @@ def synchronize(handle: int):
 
 # ---------------------------------------------------------------- allreduce
 
-def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor):
+def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, psid=0):
     if op == Adasum:
+        if psid != 0:
+            raise ValueError("op=hvd.Adasum runs on the global process set only")
         return _adasum.submit(tensor, output, _auto_name("allreduce", name), prescale_factor,
                               postscale_factor)
     code, message, handle = _C.submit_one(_C.OP_ALLREDUCE, tensor, output,
-                                          _auto_name("allreduce", name), int(op), 0,
-                                          float(prescale_factor), float(postscale_factor))
+                                          _auto_name("allreduce", name, psid), int(op), 0,
+                                          float(prescale_factor), float(postscale_factor), psid)
     raise_for_status(code, message)
     return handle
 
@@ -143,19 +213,19 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=global_process_set) -> int:
     """Starts an out-of-place allreduce; returns a handle for poll()/synchronize()."""
-    _check_process_set(process_set)
+    psid = _ps_id(process_set)
     op = _resolve_op(op, average)
     tensor = _contig(tensor)
     return _allreduce_async(tensor, torch.empty_like(tensor), name, op, prescale_factor,
-                            postscale_factor)
+                            postscale_factor, psid)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set) -> int:
     """Starts an in-place allreduce of `tensor`; returns a handle."""
-    _check_process_set(process_set)
+    psid = _ps_id(process_set)
     op = _resolve_op(op, average)
-    return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor)
+    return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor, psid)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -169,64 +239,68 @@ class HorovodAllreduce(torch.autograd.Function):
     """Allreduce whose gradient is the allreduce (same op) of the output gradient."""
 
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
-        ctx.op, ctx.pre, ctx.post = op, prescale_factor, postscale_factor
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
+        ctx.op, ctx.pre, ctx.post, ctx.ps = op, prescale_factor, postscale_factor, process_set
         return synchronize(allreduce_async(tensor, name=name, op=op,
                                            prescale_factor=prescale_factor,
-                                           postscale_factor=postscale_factor))
+                                           postscale_factor=postscale_factor,
+                                           process_set=process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
         grad = synchronize(allreduce_async(grad_output, op=ctx.op, prescale_factor=ctx.pre,
-                                           postscale_factor=ctx.post))
-        return grad, None, None, None, None
+                                           postscale_factor=ctx.post, process_set=ctx.ps))
+        return grad, None, None, None, None, None
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0,
               process_set=global_process_set) -> torch.Tensor:
     """Reduces `tensor` over all ranks (default: average); the input is unchanged."""
-    _check_process_set(process_set)
+    _ps_id(process_set)
     op = _resolve_op(op, average)
     compressed, cctx = compression.compress(tensor)
-    out = HorovodAllreduce.apply(compressed, name, op, prescale_factor, postscale_factor)
+    out = HorovodAllreduce.apply(compressed, name, op, prescale_factor, postscale_factor,
+                                 process_set)
     return compression.decompress(out, cctx)
 
 
-def _group_names(kind: str, name: Optional[str], n: int) -> List[str]:
-    base = _auto_name(kind, name)
+def _group_names(kind: str, name: Optional[str], n: int, psid: int = 0) -> List[str]:
+    base = _auto_name(kind, name, psid)
     return [f"{base}.{i}" for i in range(n)]
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set) -> List[int]:
     """Starts an allreduce of every tensor as one atomic group; returns handles."""
-    _check_process_set(process_set)
+    psid = _ps_id(process_set)
     op = _resolve_op(op, average)
     tensors = [_contig(t) for t in tensors]
     outputs = [torch.empty_like(t) for t in tensors]
     return _grouped(_C.OP_ALLREDUCE, "grouped_allreduce", tensors, outputs, name, op,
-                    prescale_factor, postscale_factor)
+                    prescale_factor, postscale_factor, psid)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set) -> List[int]:
-    _check_process_set(process_set)
+    psid = _ps_id(process_set)
     op = _resolve_op(op, average)
     return _grouped(_C.OP_ALLREDUCE, "grouped_allreduce", list(tensors), list(tensors), name,
-                    op, prescale_factor, postscale_factor)
+                    op, prescale_factor, postscale_factor, psid)
 
 
-def _grouped(kind, kind_name, tensors, outputs, name, op, pre, post):
+def _grouped(kind, kind_name, tensors, outputs, name, op, pre, post, psid=0):
     if not tensors:
         return []
     if op == Adasum:
         if kind != _C.OP_ALLREDUCE:
             raise ValueError("op=hvd.Adasum is only defined for allreduce")
+        if psid != 0:
+            raise ValueError("op=hvd.Adasum runs on the global process set only")
         return [_adasum.submit(t, o, n, pre, post) for t, o, n in
                 zip(tensors, outputs, _group_names(kind_name, name, len(tensors)))]
-    return _submit(kind, tensors, outputs, _group_names(kind_name, name, len(tensors)), op,
-                   prescale=pre, postscale=post, grouped=True)
+    return _submit(kind, tensors, outputs, _group_names(kind_name, name, len(tensors), psid),
+                   op, prescale=pre, postscale=post, grouped=True, psid=psid)
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
@@ -249,40 +323,43 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 def allgather_async(tensor, name=None, process_set=global_process_set) -> int:
     """Starts concatenating `tensor` from every rank along dimension 0."""
-    _check_process_set(process_set)
+    psid = _ps_id(process_set)
     return _submit(_C.OP_ALLGATHER, [_contig(tensor)], [None],
-                   [_auto_name("allgather", name)])[0]
+                   [_auto_name("allgather", name, psid)], psid=psid)[0]
 
 
 class HorovodAllgather(torch.autograd.Function):
     """Allgather whose gradient is this rank's slice of the summed output gradient."""
 
     @staticmethod
-    def forward(ctx, tensor, name):
+    def forward(ctx, tensor, name, process_set):
         ctx.dim = tensor.shape[0] if tensor.dim() > 0 else 0
-        return synchronize(allgather_async(tensor, name))
+        ctx.ps = process_set
+        return synchronize(allgather_async(tensor, name, process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = synchronize(allreduce_async(grad_output, op=Sum))
-        dims = synchronize(allgather_async(torch.tensor([ctx.dim], dtype=torch.int64)))
-        offset = int(dims[:rank()].sum())
-        return grad.narrow(0, offset, ctx.dim), None
+        grad = synchronize(allreduce_async(grad_output, op=Sum, process_set=ctx.ps))
+        dims = synchronize(allgather_async(torch.tensor([ctx.dim], dtype=torch.int64),
+                                           process_set=ctx.ps))
+        offset = int(dims[:_set_rank(_ps_id(ctx.ps))].sum())
+        return grad.narrow(0, offset, ctx.dim), None, None
 
 
 def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor:
     """Concatenates `tensor` from every rank along dimension 0 (sizes may differ)."""
-    _check_process_set(process_set)
-    return HorovodAllgather.apply(tensor, name)
+    _ps_id(process_set)
+    return HorovodAllgather.apply(tensor, name, process_set)
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> List[int]:
-    _check_process_set(process_set)
+    psid = _ps_id(process_set)
     tensors = [_contig(t) for t in tensors]
     if not tensors:
         return []
     return _submit(_C.OP_ALLGATHER, tensors, [None] * len(tensors),
-                   _group_names("grouped_allgather", name, len(tensors)), grouped=True)
+                   _group_names("grouped_allgather", name, len(tensors), psid), grouped=True,
+                   psid=psid)
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
@@ -291,20 +368,20 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 
 # ---------------------------------------------------------------- broadcast
 
-def _broadcast_async(tensor, output, root_rank, name):
-    return _submit(_C.OP_BROADCAST, [tensor], [output], [_auto_name("broadcast", name)],
-                   root=root_rank)[0]
+def _broadcast_async(tensor, output, root_rank, name, psid):
+    return _submit(_C.OP_BROADCAST, [tensor], [output], [_auto_name("broadcast", name, psid)],
+                   root=root_rank, psid=psid)[0]
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> int:
-    _check_process_set(process_set)
+    psid = _ps_id(process_set)
     tensor = _contig(tensor)
-    return _broadcast_async(tensor, tensor.clone(), root_rank, name)
+    return _broadcast_async(tensor, tensor.clone(), root_rank, name, psid)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> int:
-    _check_process_set(process_set)
-    return _broadcast_async(tensor, tensor, root_rank, name)
+    psid = _ps_id(process_set)
+    return _broadcast_async(tensor, tensor, root_rank, name, psid)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set) -> torch.Tensor:
@@ -316,31 +393,31 @@ class HorovodBroadcast(torch.autograd.Function):
     """Broadcast whose gradient (summed over ranks) flows to the root only."""
 
     @staticmethod
-    def forward(ctx, tensor, root_rank, name):
-        ctx.root_rank = root_rank
-        return synchronize(broadcast_async(tensor, root_rank, name))
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank, ctx.ps = root_rank, process_set
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = synchronize(allreduce_async(grad_output, op=Sum))
-        if rank() != ctx.root_rank:
+        grad = synchronize(allreduce_async(grad_output, op=Sum, process_set=ctx.ps))
+        if _set_rank(_ps_id(ctx.ps)) != ctx.root_rank:
             grad = grad * 0
-        return grad, None, None
+        return grad, None, None, None
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set) -> torch.Tensor:
     """Returns root_rank's `tensor` on every rank; the input is unchanged."""
-    _check_process_set(process_set)
-    return HorovodBroadcast.apply(tensor, root_rank, name)
+    _ps_id(process_set)
+    return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
 
 
 # ---------------------------------------------------------------- alltoall
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> int:
     """Starts an alltoall: rows splits[i] go to rank i (even split if None)."""
-    _check_process_set(process_set)
+    psid = _ps_id(process_set)
     tensor = _contig(tensor)
-    n = size()
+    n = _set_size(psid)
     if splits is None:
         if tensor.dim() == 0 or tensor.shape[0] % n != 0:
             raise ValueError(f"alltoall without splits needs a first dimension divisible by "
@@ -359,17 +436,17 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         if tensor.dim() == 0 or sum(split_list) != tensor.shape[0]:
             raise ValueError(f"alltoall splits sum to {sum(split_list)} but the tensor's first "
                              f"dimension is {tensor.shape[0] if tensor.dim() else 'missing'}")
-    return _submit(_C.OP_ALLTOALL, [tensor], [None], [_auto_name("alltoall", name)],
-                   splits=split_list)[0]
+    return _submit(_C.OP_ALLTOALL, [tensor], [None], [_auto_name("alltoall", name, psid)],
+                   splits=split_list, psid=psid)[0]
 
 
 class HorovodAlltoall(torch.autograd.Function):
     """Alltoall whose gradient is the reverse alltoall of the output gradient."""
 
     @staticmethod
-    def forward(ctx, tensor, splits, name):
-        output, received = synchronize(alltoall_async(tensor, splits, name))
-        ctx.received = received
+    def forward(ctx, tensor, splits, name, process_set):
+        output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+        ctx.received, ctx.ps = received, process_set
         if splits is None:
             return output
         ctx.mark_non_differentiable(received)
@@ -377,8 +454,9 @@ class HorovodAlltoall(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output, *unused):
-        grad, _ = synchronize(alltoall_async(grad_output.contiguous(), ctx.received))
-        return grad, None, None
+        grad, _ = synchronize(alltoall_async(grad_output.contiguous(), ctx.received,
+                                             process_set=ctx.ps))
+        return grad, None, None, None
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
@@ -386,8 +464,8 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 
     Returns the output, or (output, received_splits) when `splits` is given.
     """
-    _check_process_set(process_set)
-    return HorovodAlltoall.apply(tensor, splits, name)
+    _ps_id(process_set)
+    return HorovodAlltoall.apply(tensor, splits, name, process_set)
 
 
 # ---------------------------------------------------------------- reducescatter
@@ -396,50 +474,51 @@ def reducescatter_async(tensor, name=None, op=Average, prescale_factor=1.0,
                         postscale_factor=1.0, process_set=global_process_set) -> int:
     """Starts a reduce-scatter: rank r gets rows [r*k, ...) of the reduction, where the
     first (dim0 % size) ranks get one extra row."""
-    _check_process_set(process_set)
+    psid = _ps_id(process_set)
     if op not in (Average, Sum, Min, Max, Product):
         raise ValueError("reducescatter supports op=Average, Sum, Min, Max or Product "
                          "(Adasum is not defined for reducescatter)")
     return _submit(_C.OP_REDUCESCATTER, [_contig(tensor)], [None],
-                   [_auto_name("reducescatter", name)], op, prescale=prescale_factor,
-                   postscale=postscale_factor)[0]
+                   [_auto_name("reducescatter", name, psid)], op, prescale=prescale_factor,
+                   postscale=postscale_factor, psid=psid)[0]
 
 
 class HorovodReducescatter(torch.autograd.Function):
     """Reduce-scatter whose gradient is the allgather of the output gradient."""
 
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
-        ctx.op = op
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
+        ctx.op, ctx.ps = op, process_set
         ctx.scale = prescale_factor * postscale_factor
         return synchronize(reducescatter_async(tensor, name, op, prescale_factor,
-                                               postscale_factor))
+                                               postscale_factor, process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = synchronize(allgather_async(grad_output.contiguous()))
+        grad = synchronize(allgather_async(grad_output.contiguous(), process_set=ctx.ps))
         if ctx.op == Average:
-            grad = grad / size()
+            grad = grad / _set_size(_ps_id(ctx.ps))
         if ctx.scale != 1.0:
             grad = grad * ctx.scale
-        return grad, None, None, None, None
+        return grad, None, None, None, None, None
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
                   prescale_factor=1.0, postscale_factor=1.0,
                   process_set=global_process_set) -> torch.Tensor:
-    _check_process_set(process_set)
+    _ps_id(process_set)
     compressed, cctx = compression.compress(tensor)
-    out = HorovodReducescatter.apply(compressed, name, op, prescale_factor, postscale_factor)
+    out = HorovodReducescatter.apply(compressed, name, op, prescale_factor, postscale_factor,
+                                     process_set)
     return compression.decompress(out, cctx)
 
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, prescale_factor=1.0,
                                 postscale_factor=1.0, process_set=global_process_set):
-    _check_process_set(process_set)
+    psid = _ps_id(process_set)
     tensors = [_contig(t) for t in tensors]
     return _grouped(_C.OP_REDUCESCATTER, "grouped_reducescatter", tensors,
-                    [None] * len(tensors), name, op, prescale_factor, postscale_factor)
+                    [None] * len(tensors), name, op, prescale_factor, postscale_factor, psid)
 
 
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
@@ -454,9 +533,10 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
 # ---------------------------------------------------------------- barrier
 
 def barrier(process_set=global_process_set) -> None:
-    """Blocks until every rank has called barrier()."""
-    _check_process_set(process_set)
-    synchronize(_submit(_C.OP_BARRIER, [], [], [_auto_name("barrier", None)])[0])
+    """Blocks until every rank of `process_set` has called barrier()."""
+    psid = _ps_id(process_set)
+    synchronize(_submit(_C.OP_BARRIER, [], [], [_auto_name("barrier", None, psid)],
+                        psid=psid)[0])
 
 
 def join(device: int = -1) -> int:
@@ -465,3 +545,71 @@ def join(device: int = -1) -> int:
     fail while ranks have joined). Returns the rank that joined last."""
     out = synchronize(_submit(_C.OP_JOIN, [], [], ["join"])[0])
     return int(out[0])
+
+
+# ---------------------------------------------------------------- process sets
+
+def _dynamic_enabled() -> bool:
+    return os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS", "0") not in ("", "0", "false", "False")
+
+
+def _register(process_set, static: bool) -> ProcessSet:
+    """Registers a set on every rank (a collective on the global set)."""
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    if process_set.process_set_id == 0:
+        return process_set
+    if process_set.process_set_id is not None and process_set.process_set_id in _registry:
+        raise ValueError(f"{process_set!r} is already registered")
+    bad = [r for r in process_set.ranks if r < 0 or r >= size()]
+    if bad or not process_set.ranks:
+        raise ValueError(f"process set ranks {process_set.ranks} must be non-empty and in "
+                         f"[0, {size()})")
+    if static:  # init(process_sets=[...]): equal sets share one id
+        for ps in _registry.values():
+            if ps.process_set_id != 0 and ps.ranks == process_set.ranks:
+                process_set.process_set_id = ps.process_set_id
+                return process_set
+    handle = _submit(_C.OP_ADD_PROCESS_SET, [], [], [_auto_name("add_process_set", None)],
+                     splits=process_set.ranks)[0]
+    process_set.process_set_id = int(synchronize(handle)[0])
+    _registry[process_set.process_set_id] = process_set
+    return process_set
+
+
+def add_process_set(process_set) -> ProcessSet:
+    """Registers a process set (a ProcessSet or a list of ranks) after init; every rank
+    must call it, in the same order. Needs HOROVOD_DYNAMIC_PROCESS_SETS=1. Returns the
+    registered ProcessSet."""
+    if not _dynamic_enabled():
+        raise ValueError("add_process_set() needs dynamic process sets: set "
+                         "HOROVOD_DYNAMIC_PROCESS_SETS=1 for every worker, or pass the sets to "
+                         "hvd.init(process_sets=[...])")
+    return _register(process_set, static=False)
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Removes a registered process set on every rank (all must call it); its ops still
+    pending fail. Returns False for the global set or a set that is not registered.
+    Needs HOROVOD_DYNAMIC_PROCESS_SETS=1."""
+    if not _dynamic_enabled():
+        raise ValueError("remove_process_set() needs dynamic process sets: set "
+                         "HOROVOD_DYNAMIC_PROCESS_SETS=1 for every worker")
+    psid = process_set.process_set_id if isinstance(process_set, ProcessSet) else None
+    if not psid or psid not in _registry:
+        return False
+    handle = _submit(_C.OP_REMOVE_PROCESS_SET, [], [],
+                     [_auto_name("remove_process_set", None)], root=psid)[0]
+    synchronize(handle)
+    for ps in [p for p in _registry.values() if p.process_set_id == psid]:
+        ps.invalidate()
+    del _registry[psid]
+    return True
+
+
+def _reset_process_sets() -> None:
+    """After init(): only the global set is registered."""
+    for psid, ps in list(_registry.items()):
+        if psid != 0:
+            ps.invalidate()
+            del _registry[psid]

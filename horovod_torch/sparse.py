@@ -15,8 +15,8 @@ from typing import Optional
 
 import torch
 
-from horovod_torch.basics import Average, Sum, size
-from horovod_torch.ops import (_auto_name, _check_process_set, allgather_async,
+from horovod_torch.basics import Average, Sum
+from horovod_torch.ops import (_auto_name, _ps_id, _set_size, allgather_async,
                                global_process_set, poll as _poll)
 from horovod_torch.ops import synchronize as _synchronize
 
@@ -82,14 +82,14 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str] = None, op:
                          f"{getattr(tensor, 'layout', type(tensor).__name__)}")
     if op not in (Sum, Average):
         raise ValueError(f"sparse_allreduce_async supports op=Sum or op=Average, got op={op}")
-    _check_process_set(process_set)
-    name = _auto_name("sparse_allreduce", name)
+    psid = _ps_id(process_set)
+    name = _auto_name("sparse_allreduce", name, psid)
     # Allgather concatenates along dim 0, so indices go as (nnz, sparse_dim).
     indices = tensor._indices().t().contiguous()
     values = tensor._values().contiguous()
-    indices_handle = allgather_async(indices, name=f"{name}.indices")
-    values_handle = allgather_async(values, name=f"{name}.values")
-    return SparseHandle(tensor, op, size(), indices_handle, values_handle)
+    indices_handle = allgather_async(indices, name=f"{name}.indices", process_set=process_set)
+    values_handle = allgather_async(values, name=f"{name}.values", process_set=process_set)
+    return SparseHandle(tensor, op, _set_size(psid), indices_handle, values_handle)
 
 
 def synchronize(handle):

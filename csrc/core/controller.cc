@@ -285,6 +285,11 @@ Response Controller::Match(const std::vector<Request>& reqs, int size) {
                            std::to_string(q.postscale);
                   }));
     }
+    if (r.root != a.root && a.type == OpType::kRemoveProcessSet) {
+      return fail("process sets to remove", Disagreement(reqs, [](const Request& q) {
+                    return "id " + std::to_string(q.root);
+                  }));
+    }
     if (r.root != a.root) {
       return fail("root ranks",
                   Disagreement(reqs, [](const Request& q) { return std::to_string(q.root); }));
@@ -322,8 +327,19 @@ Response Controller::Match(const std::vector<Request>& reqs, int size) {
         }
       }
       break;
+    case OpType::kAddProcessSet:
+      for (const auto& r : reqs) {
+        if (r.splits != a.splits) {
+          return fail("process sets to add", Disagreement(reqs, [](const Request& q) {
+                        return ShapeStr(q.splits);
+                      }));
+        }
+      }
+      resp.rank_rows = a.splits;
+      break;
     case OpType::kBarrier:
     case OpType::kJoin:
+    case OpType::kRemoveProcessSet:
       break;
   }
   return resp;
@@ -438,7 +454,8 @@ void Controller::Apply(const ResponseList& list, std::vector<Response>* out) {
     std::string signature = sig == sent_sigs_.end() ? std::string() : sig->second;
     if (sig != sent_sigs_.end()) sent_sigs_.erase(sig);
     if (!resp.error.empty() || resp.group_id != 0 || resp.type == OpType::kBarrier ||
-        resp.type == OpType::kJoin) {
+        resp.type == OpType::kJoin || resp.type == OpType::kAddProcessSet ||
+        resp.type == OpType::kRemoveProcessSet) {
       continue;
     }
     if (!params_.cache_enabled) continue;

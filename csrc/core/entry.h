@@ -16,6 +16,7 @@ struct Submission {
   Request request;
   at::Tensor input;
   at::Tensor output;  // allreduce / broadcast: where the result goes (may alias input)
+  int32_t process_set_id = 0;  // 0: all ranks
 };
 
 struct Entry {

@@ -67,6 +67,14 @@ Status Runtime::Create(const WorldInfo& world, const Config& config,
   TunedParams initial{config.fusion_threshold_bytes, config.wake_delay_us,
                       config.cache_capacity > 0};
   rt->controller_->SetInitialParams(initial);
+  auto global = std::make_unique<ProcessSetState>();
+  global->transport = rt->transport_.get();
+  global->controller = rt->controller_.get();
+  global->gpu = rt->gpu_.get();
+  rt->sets_[0] = std::move(global);
+  std::vector<int> everyone(world.size);
+  std::iota(everyone.begin(), everyone.end(), 0);
+  rt->set_ranks_[0] = everyone;
   rt->params_snapshot_ = initial;
   if (world.rank == 0) {
     rt->controller_->SetTimeline(&rt->timeline_);
@@ -151,9 +159,43 @@ void Runtime::Shutdown() {
   if (thread_.joinable()) thread_.join();
 }
 
-Status Runtime::CheckLocal(const Submission& s) const {
+Status Runtime::CheckLocal(const Submission& s, const std::vector<int>* set_ranks) const {
   const Request& r = s.request;
   const char* op = OpTypeName(r.type);
+  if (set_ranks == nullptr) {
+    return Status::InvalidArgument(std::string(op) + " of '" + r.name + "': process set " +
+                                   std::to_string(s.process_set_id) +
+                                   " is not registered (removed, or never added on this rank)");
+  }
+  if (std::find(set_ranks->begin(), set_ranks->end(), world_.rank) == set_ranks->end()) {
+    return Status::InvalidArgument(std::string(op) + " of '" + r.name + "': rank " +
+                                   std::to_string(world_.rank) + " is not in process set " +
+                                   std::to_string(s.process_set_id) +
+                                   "; only its members may call collectives on it");
+  }
+  const int set_size = static_cast<int>(set_ranks->size());
+  const bool global_only = r.type == OpType::kJoin || r.type == OpType::kAddProcessSet ||
+                           r.type == OpType::kRemoveProcessSet;
+  if (global_only && s.process_set_id != 0) {
+    return Status::InvalidArgument(std::string(op) + " runs on the global process set only");
+  }
+  if (r.type == OpType::kAddProcessSet) {
+    if (r.splits.empty()) {
+      return Status::InvalidArgument("add_process_set: a process set needs at least one rank");
+    }
+    for (size_t i = 0; i < r.splits.size(); ++i) {
+      if (r.splits[i] < 0 || r.splits[i] >= world_.size || (i > 0 && r.splits[i] <= r.splits[i - 1])) {
+        return Status::InvalidArgument(
+            "add_process_set: ranks must be distinct and in [0, " + std::to_string(world_.size) +
+            "); got rank " + std::to_string(r.splits[i]));
+      }
+    }
+    return Status::Ok();
+  }
+  if (r.type == OpType::kRemoveProcessSet) {
+    if (r.root == 0) return Status::InvalidArgument("the global process set cannot be removed");
+    return Status::Ok();
+  }
   if (r.type == OpType::kBarrier || r.type == OpType::kJoin) return Status::Ok();
   if (!s.input.defined()) return Status::InvalidArgument(std::string(op) + ": tensor is undefined");
   if (s.input.is_cuda() && gpu_ == nullptr) {
@@ -194,10 +236,11 @@ Status Runtime::CheckLocal(const Submission& s) const {
                                    "': bool tensors cannot be averaged or scaled; use Sum (logical "
                                    "or), Min or Max");
   }
-  if (r.type == OpType::kBroadcast && (r.root < 0 || r.root >= world_.size)) {
+  if (r.type == OpType::kBroadcast && (r.root < 0 || r.root >= set_size)) {
     return Status::InvalidArgument("broadcast of '" + r.name + "': root_rank " +
                                    std::to_string(r.root) + " is out of range [0, " +
-                                   std::to_string(world_.size) + ")");
+                                   std::to_string(set_size) + ")" +
+                                   (s.process_set_id ? " (ranks within the process set)" : ""));
   }
   bool needs_rows = r.type == OpType::kAllgather || r.type == OpType::kAlltoall ||
                     r.type == OpType::kReducescatter;
@@ -206,10 +249,10 @@ Status Runtime::CheckLocal(const Submission& s) const {
                                    "': needs a tensor with at least one dimension");
   }
   if (r.type == OpType::kAlltoall) {
-    if (static_cast<int>(r.splits.size()) != world_.size) {
+    if (static_cast<int>(r.splits.size()) != set_size) {
       return Status::InvalidArgument("alltoall of '" + r.name + "': splits has " +
                                      std::to_string(r.splits.size()) +
-                                     " entries, but there are " + std::to_string(world_.size) +
+                                     " entries, but there are " + std::to_string(set_size) +
                                      " ranks; give one count per rank");
     }
     int64_t sum = 0;
@@ -228,15 +271,33 @@ Status Runtime::CheckLocal(const Submission& s) const {
 
 Status Runtime::Submit(std::vector<Submission> subs,
                        std::vector<std::shared_ptr<HandleState>>* handles) {
+  std::map<int32_t, std::vector<int>> sets;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& s : subs) {
+      auto it = set_ranks_.find(s.process_set_id);
+      if (it != set_ranks_.end()) sets[s.process_set_id] = it->second;
+    }
+  }
   for (auto& s : subs) {
     Request& r = s.request;
-    r.rank = world_.rank;
+    if (s.process_set_id != subs[0].process_set_id) {
+      return Status::InvalidArgument("grouped ops must all use the same process set");
+    }
+    auto it = sets.find(s.process_set_id);
+    // Within a process set, ranks are numbered by position in its rank list.
+    const std::vector<int>* ranks = it == sets.end() ? nullptr : &it->second;
+    r.rank = 0;
+    if (ranks != nullptr) {
+      r.rank = static_cast<int32_t>(std::find(ranks->begin(), ranks->end(), world_.rank) -
+                                    ranks->begin());
+    }
     if (s.input.defined()) {
       ToDataType(s.input.scalar_type(), &r.dtype);
       r.shape.assign(s.input.sizes().begin(), s.input.sizes().end());
       r.device = s.input.is_cuda() ? s.input.device().index() : -1;
     }
-    HVD_RETURN_IF_ERROR(CheckLocal(s));
+    HVD_RETURN_IF_ERROR(CheckLocal(s, ranks));
   }
   // Ready events are recorded on the caller's stream, before the op is queued.
   std::vector<std::shared_ptr<GpuEvent>> ready(subs.size());
@@ -265,7 +326,7 @@ Status Runtime::Submit(std::vector<Submission> subs,
   for (size_t i = 0; i < subs.size(); ++i) {
     auto h = std::make_shared<HandleState>();
     handles->push_back(h);
-    fresh_.push_back(subs[i].request);
+    fresh_[subs[i].process_set_id].push_back(subs[i].request);
     std::string name = subs[i].request.name;
     pending_.emplace(std::move(name), Entry{std::move(subs[i]), h, std::move(ready[i])});
   }
@@ -284,7 +345,7 @@ void Runtime::Loop() {
   TunedParams last_params = controller_->params();
   bool last_done = controller_->autotune_done();
   while (true) {
-    std::vector<Request> fresh;
+    std::map<int32_t, std::vector<Request>> fresh;
     std::vector<TimelineCommand> timeline_commands;
     bool want_shutdown;
     const double wake_delay_us = controller_->params().wake_delay_us;
@@ -312,13 +373,25 @@ void Runtime::Loop() {
       timeline_commands.swap(timeline_commands_);
     }
     if (!timeline_commands.empty()) ApplyTimelineCommands(std::move(timeline_commands));
-    std::vector<Response> responses;
+    // One cycle per process set this rank is in, in id order (the same order on
+    // every rank, so members of a set meet in its cycle). Shutdown is negotiated
+    // on the global set only; sets added by this cycle's ops run in it already.
     bool shutdown = false;
-    Status st = controller_->Cycle(std::move(fresh), want_shutdown, &responses, &shutdown);
-    if (!responses.empty()) timeline_.MarkCycle();
-    if (st.ok()) st = Execute(responses);
+    Status st;
+    busy = false;
+    for (int32_t id = 0; st.ok() && !shutdown;) {
+      auto it = sets_.lower_bound(id);
+      if (it == sets_.end()) break;
+      id = it->first + 1;
+      ProcessSetState& ps = *it->second;
+      std::vector<Response> responses;
+      st = ps.controller->Cycle(std::move(fresh[ps.id]), want_shutdown && ps.id == 0,
+                                &responses, &shutdown);
+      if (!responses.empty() && ps.id == 0) timeline_.MarkCycle();
+      if (st.ok()) st = Execute(ps, responses);
+      busy = busy || !responses.empty();
+    }
     timeline_.Flush();
-    busy = !responses.empty();
     if (!(controller_->params() == last_params) || controller_->autotune_done() != last_done) {
       last_params = controller_->params();
       last_done = controller_->autotune_done();
@@ -328,8 +401,10 @@ void Runtime::Loop() {
     }
     if (!st.ok()) {
       HVD_LOG(kError) << "background loop stopped: " << st.message();
-      transport_->Abort();
-      if (gpu_) gpu_->Abort();
+      transport_->Abort();  // the whole mesh, which process sets share
+      for (auto& kv : sets_) {
+        if (kv.second->gpu) kv.second->gpu->Abort();
+      }
       FailAll(Status::Aborted(st.message()));
       timeline_.Stop();
       return;
@@ -366,7 +441,7 @@ void Runtime::FailAll(const Status& status) {
   for (auto& kv : pending) kv.second.handle->Complete(status);
 }
 
-Status Runtime::Execute(const std::vector<Response>& responses) {
+Status Runtime::Execute(ProcessSetState& ps, const std::vector<Response>& responses) {
   if (timeline_.active()) {
     for (const auto& r : responses) {
       if (!r.error.empty()) continue;
@@ -404,12 +479,15 @@ Status Runtime::Execute(const std::vector<Response>& responses) {
     for (size_t i : batch) rs.push_back(responses[i]);
     if (first.on_gpu) {
       Trace(rs, std::string("NCCL_") + OpTypeName(first.type));
-      st = gpu_->Execute(rs, entries);
+      st = ps.gpu->Execute(rs, entries);
     } else if (first.type == OpType::kAllreduce) {
-      st = RunAllreduce(rs, entries);
+      st = RunAllreduce(ps, rs, entries);
+    } else if (first.type == OpType::kAddProcessSet ||
+               first.type == OpType::kRemoveProcessSet) {
+      st = ChangeProcessSets(first, entries[0]);
     } else {
       Trace(rs, std::string("TCP_") + OpTypeName(first.type));
-      st = RunOne(first, entries[0]);
+      st = RunOne(ps, first, entries[0]);
     }
     TraceEnd(rs);
     if (!st.ok()) {
@@ -418,6 +496,78 @@ Status Runtime::Execute(const std::vector<Response>& responses) {
     }
   }
   return Status::Ok();
+}
+
+Status Runtime::ChangeProcessSets(const Response& r, Entry& e) {
+  if (r.type == OpType::kRemoveProcessSet) {
+    const int32_t id = r.root;
+    std::vector<Entry> orphans;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (set_ranks_.erase(id) == 0) {
+        e.handle->Complete(Status::InvalidArgument(
+            "remove_process_set: no process set with id " + std::to_string(id)));
+        return Status::Ok();
+      }
+      fresh_.erase(id);
+      for (auto it = pending_.begin(); it != pending_.end();) {
+        if (it->second.sub.process_set_id == id) {
+          orphans.push_back(std::move(it->second));
+          it = pending_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    sets_.erase(id);  // no-op on non-members
+    for (auto& o : orphans) {
+      o.handle->Complete(Status::InvalidArgument("process set " + std::to_string(id) +
+                                                 " was removed while this op was pending"));
+    }
+    e.handle->Complete(Status::Ok(), at::full({1}, id, at::kInt));
+    return Status::Ok();
+  }
+  std::vector<int> ranks(r.rank_rows.begin(), r.rank_rows.end());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& kv : set_ranks_) {
+      if (kv.second == ranks) {
+        e.handle->Complete(Status::InvalidArgument(
+            "add_process_set: process set " + std::to_string(kv.first) +
+            " already has exactly these ranks; use it, or remove it first"));
+        return Status::Ok();
+      }
+    }
+  }
+  const int32_t id = next_set_id_++;
+  std::unique_ptr<TcpTransport> view = transport_->Subset(ranks);
+  if (view) {
+    auto ps = std::make_unique<ProcessSetState>();
+    ps->id = id;
+    ps->own_transport = std::move(view);
+    ps->transport = ps->own_transport.get();
+    ps->own_controller = std::make_unique<Controller>(
+        ps->transport, static_cast<size_t>(std::max<int64_t>(0, config_.cache_capacity)),
+        StallOptions{config_.stall_check_s, config_.stall_shutdown_s});
+    ps->controller = ps->own_controller.get();
+    ps->controller->SetInitialParams(controller_->params());
+    if (world_.rank == 0) ps->controller->SetTimeline(&timeline_);
+    ps->own_gpu = CreateGpuBackend(ps->transport, ps->transport->rank(), ps->transport->size(),
+                                   config_);
+    ps->gpu = ps->own_gpu.get();
+    sets_[id] = std::move(ps);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    set_ranks_[id] = ranks;
+  }
+  e.handle->Complete(Status::Ok(), at::full({1}, id, at::kInt));
+  return Status::Ok();
+}
+
+std::map<int32_t, std::vector<int>> Runtime::process_sets() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return set_ranks_;
 }
 
 Entry Runtime::JoinedEntry(const Response& r) {
@@ -436,10 +586,12 @@ Entry Runtime::JoinedEntry(const Response& r) {
   return e;
 }
 
-Status Runtime::RunAllreduce(const std::vector<Response>& batch, std::vector<Entry>& entries) {
+Status Runtime::RunAllreduce(ProcessSetState& ps, const std::vector<Response>& batch,
+                             std::vector<Entry>& entries) {
   const Response& r = batch[0];
+  TcpTransport* transport = ps.transport;
   ReduceOp op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
-  double post = r.postscale * (r.op == ReduceOp::kAverage ? 1.0 / world_.size : 1.0);
+  double post = r.postscale * (r.op == ReduceOp::kAverage ? 1.0 / transport->size() : 1.0);
   if (entries.size() == 1) {
     Entry& e = entries[0];
     at::Tensor& out = e.sub.output;
@@ -447,7 +599,7 @@ Status Runtime::RunAllreduce(const std::vector<Response>& batch, std::vector<Ent
     size_t count = static_cast<size_t>(out.numel());
     ScaleBuffer(out.data_ptr(), count, r.dtype, r.prescale);
     Trace(batch, "TCP_ALLREDUCE");
-    HVD_RETURN_IF_ERROR(transport_->Allreduce(out.data_ptr(), count, r.dtype, op));
+    HVD_RETURN_IF_ERROR(transport->Allreduce(out.data_ptr(), count, r.dtype, op));
     ScaleBuffer(out.data_ptr(), count, r.dtype, post);
     e.handle->Complete(Status::Ok(), out);
     return Status::Ok();
@@ -466,7 +618,7 @@ Status Runtime::RunAllreduce(const std::vector<Response>& batch, std::vector<Ent
   size_t count = total / DataTypeSize(r.dtype);
   ScaleBuffer(buf, count, r.dtype, r.prescale);
   Trace(batch, "TCP_ALLREDUCE");
-  HVD_RETURN_IF_ERROR(transport_->Allreduce(buf, count, r.dtype, op));
+  HVD_RETURN_IF_ERROR(transport->Allreduce(buf, count, r.dtype, op));
   ScaleBuffer(buf, count, r.dtype, post);
   Trace(batch, "MEMCPY_OUT_FUSION_BUFFER");
   off = 0;
@@ -478,8 +630,9 @@ Status Runtime::RunAllreduce(const std::vector<Response>& batch, std::vector<Ent
   return Status::Ok();
 }
 
-Status Runtime::RunOne(const Response& r, Entry& e) {
-  const int size = world_.size, me = world_.rank;
+Status Runtime::RunOne(ProcessSetState& ps, const Response& r, Entry& e) {
+  TcpTransport* transport = ps.transport;
+  const int size = transport->size(), me = transport->rank();
   const at::Tensor& in = e.sub.input;
   const size_t esize = DataTypeSize(r.dtype);
   switch (r.type) {
@@ -489,6 +642,10 @@ Status Runtime::RunOne(const Response& r, Entry& e) {
     case OpType::kBarrier:
       e.handle->Complete(Status::Ok());
       return Status::Ok();
+    case OpType::kAddProcessSet:
+    case OpType::kRemoveProcessSet:
+      HVD_CHECK(false && "process set changes go through ChangeProcessSets");
+      break;
     case OpType::kJoin: {
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -501,7 +658,7 @@ Status Runtime::RunOne(const Response& r, Entry& e) {
     case OpType::kBroadcast: {
       at::Tensor& out = e.sub.output;
       if (me == r.root && !out.is_same(in)) out.copy_(in);
-      HVD_RETURN_IF_ERROR(transport_->Broadcast(out.data_ptr(), Bytes(out), r.root));
+      HVD_RETURN_IF_ERROR(transport->Broadcast(out.data_ptr(), Bytes(out), r.root));
       e.handle->Complete(Status::Ok(), out);
       return Status::Ok();
     }
@@ -516,7 +673,7 @@ Status Runtime::RunOne(const Response& r, Entry& e) {
       std::vector<int64_t> shape = e.sub.request.shape;
       shape[0] = rows;
       at::Tensor out = at::empty(shape, in.options());
-      HVD_RETURN_IF_ERROR(transport_->Allgatherv(in.data_ptr(), out.data_ptr(), bytes));
+      HVD_RETURN_IF_ERROR(transport->Allgatherv(in.data_ptr(), out.data_ptr(), bytes));
       e.handle->Complete(Status::Ok(), out);
       return Status::Ok();
     }
@@ -535,7 +692,7 @@ Status Runtime::RunOne(const Response& r, Entry& e) {
       std::vector<int64_t> shape = e.sub.request.shape;
       shape[0] = rows;
       at::Tensor out = at::empty(shape, in.options());
-      HVD_RETURN_IF_ERROR(transport_->Alltoallv(in.data_ptr(), send, out.data_ptr(), recv));
+      HVD_RETURN_IF_ERROR(transport->Alltoallv(in.data_ptr(), send, out.data_ptr(), recv));
       e.handle->Complete(Status::Ok(), out, splits);
       return Status::Ok();
     }
@@ -554,7 +711,7 @@ Status Runtime::RunOne(const Response& r, Entry& e) {
       ReduceOp op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
       double post = r.postscale * (r.op == ReduceOp::kAverage ? 1.0 / size : 1.0);
       ScaleBuffer(buf, static_cast<size_t>(in.numel()), r.dtype, r.prescale);
-      HVD_RETURN_IF_ERROR(transport_->Reducescatter(buf, counts, r.dtype, op, out.data_ptr()));
+      HVD_RETURN_IF_ERROR(transport->Reducescatter(buf, counts, r.dtype, op, out.data_ptr()));
       ScaleBuffer(out.data_ptr(), static_cast<size_t>(out.numel()), r.dtype, post);
       e.handle->Complete(Status::Ok(), out);
       return Status::Ok();

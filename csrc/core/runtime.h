@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -62,15 +63,31 @@ class Runtime {
   Status StopTimeline();
   // The setting in use (autotune may change it); done: the search has ended.
   TunedParams params(bool* autotune_done);
+  // Registered process sets: id -> global ranks (0: every rank).
+  std::map<int32_t, std::vector<int>> process_sets();
 
  private:
   Runtime(WorldInfo world, Config config) : world_(std::move(world)), config_(std::move(config)) {}
+  // One communicator the background thread negotiates and runs ops on: the
+  // global set (id 0) or a process set this rank belongs to.
+  struct ProcessSetState {
+    int32_t id = 0;
+    TcpTransport* transport = nullptr;           // its communicator
+    std::unique_ptr<TcpTransport> own_transport;  // a view of the mesh (not for id 0)
+    Controller* controller = nullptr;
+    std::unique_ptr<Controller> own_controller;
+    GpuBackend* gpu = nullptr;
+    std::unique_ptr<GpuBackend> own_gpu;
+  };
   void Loop();
-  Status Execute(const std::vector<Response>& responses);
-  Status RunAllreduce(const std::vector<Response>& batch, std::vector<Entry>& entries);
-  Status RunOne(const Response& r, Entry& e);
+  Status Execute(ProcessSetState& ps, const std::vector<Response>& responses);
+  Status RunAllreduce(ProcessSetState& ps, const std::vector<Response>& batch,
+                      std::vector<Entry>& entries);
+  Status RunOne(ProcessSetState& ps, const Response& r, Entry& e);
+  // kAddProcessSet / kRemoveProcessSet, run identically by every rank.
+  Status ChangeProcessSets(const Response& r, Entry& e);
   void FailAll(const Status& status);
-  Status CheckLocal(const Submission& s) const;
+  Status CheckLocal(const Submission& s, const std::vector<int>* set_ranks) const;
   // The stand-in a joined rank runs for a response it never submitted: zeros.
   Entry JoinedEntry(const Response& r);
   struct TimelineCommand {
@@ -92,11 +109,16 @@ class Runtime {
   std::unique_ptr<GpuBackend> gpu_;  // after transport_: destroyed before it
   std::vector<char> fusion_buffer_;  // background thread only
   Timeline timeline_;                // background thread only (coordinator)
+  // Background thread only: the global set and the process sets this rank is in,
+  // by id; cycles run in id order on every rank.
+  std::map<int32_t, std::unique_ptr<ProcessSetState>> sets_;
+  int32_t next_set_id_ = 1;  // background thread only; same on every rank
   std::thread thread_;
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<Request> fresh_;                       // GUARDED_BY(mu_)
+  std::map<int32_t, std::vector<Request>> fresh_;    // GUARDED_BY(mu_), by process set
+  std::map<int32_t, std::vector<int>> set_ranks_;    // GUARDED_BY(mu_): registered sets
   std::atomic<bool> has_fresh_{false};               // hint for the spinning loop
   std::unordered_map<std::string, Entry> pending_;   // GUARDED_BY(mu_)
   bool shutdown_requested_ = false;                  // GUARDED_BY(mu_)

@@ -5,6 +5,7 @@
 #include <torch/extension.h>
 
 #include <atomic>
+#include <map>
 #include <mutex>
 
 #include "common/config.h"
@@ -22,7 +23,7 @@ struct Globals {
   std::mutex mu;
   std::unique_ptr<Runtime> runtime;  // GUARDED_BY(mu)
   HandleTable handles;
-  std::atomic<int64_t> next_group{1};
+  std::map<int32_t, int64_t> next_group;  // GUARDED_BY(mu): last group id, per process set
 };
 
 Globals& G() {
@@ -56,7 +57,7 @@ py::tuple Init(int rank, int size, int local_rank, int local_size, int cross_ran
     }
     // Group ids must match across ranks; workers that joined later (elastic)
     // count from 1 too.
-    G().next_group = 1;
+    G().next_group.clear();
   }
   return Err(st);
 }
@@ -116,9 +117,13 @@ py::object World() {
 py::tuple Submit(int type, std::vector<at::Tensor> inputs,
                  std::vector<c10::optional<at::Tensor>> outputs, std::vector<std::string> names,
                  int op, int root, double prescale, double postscale,
-                 std::vector<int64_t> splits, bool grouped) {
+                 std::vector<int64_t> splits, bool grouped, int process_set_id) {
   std::vector<Submission> subs(inputs.size());
-  int64_t group = grouped ? G().next_group++ : 0;
+  int64_t group = 0;
+  if (grouped) {
+    std::lock_guard<std::mutex> lock(G().mu);
+    group = ++G().next_group[process_set_id];  // members of a set count alike
+  }
   for (size_t i = 0; i < inputs.size(); ++i) {
     Submission& s = subs[i];
     s.request.type = static_cast<OpType>(type);
@@ -132,12 +137,17 @@ py::tuple Submit(int type, std::vector<at::Tensor> inputs,
     s.request.group_size = grouped ? static_cast<int32_t>(inputs.size()) : 0;
     s.input = inputs[i];
     if (i < outputs.size() && outputs[i].has_value()) s.output = *outputs[i];
+    s.process_set_id = process_set_id;
   }
-  if ((type == static_cast<int>(OpType::kBarrier) || type == static_cast<int>(OpType::kJoin)) &&
-      subs.empty()) {
+  const OpType t = static_cast<OpType>(type);
+  if ((t == OpType::kBarrier || t == OpType::kJoin || t == OpType::kAddProcessSet ||
+       t == OpType::kRemoveProcessSet) && subs.empty()) {
     subs.resize(1);
-    subs[0].request.type = static_cast<OpType>(type);
+    subs[0].request.type = t;
     subs[0].request.name = names.empty() ? "barrier" : names[0];
+    subs[0].request.root = root;
+    subs[0].request.splits = splits;
+    subs[0].process_set_id = process_set_id;
   }
   std::vector<std::shared_ptr<HandleState>> states;
   Status st;
@@ -158,9 +168,10 @@ py::tuple Submit(int type, std::vector<at::Tensor> inputs,
 // Fast path for one op (the optimizer's per-gradient hook): no lists.
 py::tuple SubmitOne(int type, const at::Tensor& input, const c10::optional<at::Tensor>& output,
                     const std::string& name, int op, int root, double prescale,
-                    double postscale) {
+                    double postscale, int process_set_id) {
   std::vector<Submission> subs(1);
   Submission& s = subs[0];
+  s.process_set_id = process_set_id;
   s.request.type = static_cast<OpType>(type);
   s.request.name = name;
   s.request.op = static_cast<ReduceOp>(op);
@@ -235,6 +246,11 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("stop_timeline", [] { return ControlTimeline(false, "", false); });
   m.def("tuned_params", &TunedParamsDict);
+  m.def("process_sets", []() -> py::object {
+    std::lock_guard<std::mutex> lock(G().mu);
+    if (!G().runtime) return py::none();
+    return py::cast(G().runtime->process_sets());
+  });
   m.def("nccl_built", &NcclVersionBuilt);
   m.def("mpi_built", [] { return false; });
   m.def("cuda_built", [] { return NcclVersionBuilt() != 0; });
@@ -245,6 +261,8 @@ PYBIND11_MODULE(_C, m) {
   m.attr("OP_REDUCESCATTER") = static_cast<int>(OpType::kReducescatter);
   m.attr("OP_BARRIER") = static_cast<int>(OpType::kBarrier);
   m.attr("OP_JOIN") = static_cast<int>(OpType::kJoin);
+  m.attr("OP_ADD_PROCESS_SET") = static_cast<int>(OpType::kAddProcessSet);
+  m.attr("OP_REMOVE_PROCESS_SET") = static_cast<int>(OpType::kRemoveProcessSet);
 
   py::class_<StoreServer>(m, "StoreServer")
       .def(py::init([](const std::string& host, int port, const std::string& secret) {

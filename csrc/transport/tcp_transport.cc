@@ -58,7 +58,7 @@ Status TcpTransport::Create(StoreClient* store, const std::string& prefix, int r
     HVD_RETURN_IF_ERROR(Connect(addr.substr(0, colon), std::stoi(addr.substr(colon + 1)),
                                 timeout, &s));
     HVD_RETURN_IF_ERROR(ClientHandshake(s.fd(), secret, std::to_string(rank), timeout));
-    t->peers_[peer] = std::move(s);
+    (*t->sockets_)[peer] = std::move(s);
   }
   for (int accepted = 0; accepted < size - 1 - rank;) {
     Socket s;
@@ -73,21 +73,34 @@ Status TcpTransport::Create(StoreClient* store, const std::string& prefix, int r
       continue;
     }
     int peer = std::atoi(tag.c_str());
-    if (peer <= rank || peer >= size || t->peers_[peer].valid()) {
+    if (peer <= rank || peer >= size || (*t->sockets_)[peer].valid()) {
       return Status::Aborted("unexpected hello '" + tag + "' during connection set-up");
     }
-    t->peers_[peer] = std::move(s);
+    (*t->sockets_)[peer] = std::move(s);
     ++accepted;
   }
   for (int p = 0; p < size; ++p) {
-    if (p != rank) TuneForData(t->peers_[p].fd());
+    if (p != rank) TuneForData((*t->sockets_)[p].fd());
   }
   *out = std::move(t);
   return Status::Ok();
 }
 
 void TcpTransport::Abort() {
-  for (auto& s : peers_) s.Shutdown();
+  for (auto& s : *sockets_) s.Shutdown();
+}
+
+std::unique_ptr<TcpTransport> TcpTransport::Subset(const std::vector<int>& members) const {
+  int me = -1;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (members[i] == rank_) me = static_cast<int>(i);
+  }
+  if (me < 0) return nullptr;
+  std::unique_ptr<TcpTransport> t(
+      new TcpTransport(me, static_cast<int>(members.size()), options_));
+  t->sockets_ = sockets_;
+  for (size_t i = 0; i < members.size(); ++i) t->global_[i] = global_[members[i]];
+  return t;
 }
 
 // Drives all transfers concurrently with poll(). The per-peer queues keep the
@@ -115,7 +128,7 @@ Status TcpTransport::Run(std::vector<Xfer>& xs) {
       short ev = (sendq[p].empty() ? 0 : POLLOUT) | (recvq[p].empty() ? 0 : POLLIN);
       // Peers we exchange nothing with are watched for hang-ups only (their early
       // data for a later exchange must stay unread), so a death anywhere is seen.
-      fds.push_back(pollfd{peers_[p].fd(), static_cast<short>(ev | POLLRDHUP), 0});
+      fds.push_back(pollfd{Peer(p).fd(), static_cast<short>(ev | POLLRDHUP), 0});
       who.push_back(p);
     }
     int rc = ::poll(fds.data(), fds.size(), 200);
@@ -130,7 +143,7 @@ Status TcpTransport::Run(std::vector<Xfer>& xs) {
         for (int p = 0; p < size_ && stuck < 0; ++p) {
           if (!sendq[p].empty() || !recvq[p].empty()) stuck = p;
         }
-        return Status::Aborted("rank " + std::to_string(stuck) +
+        return Status::Aborted("rank " + std::to_string(global_[stuck]) +
                                " made no progress for " + std::to_string(idle) +
                                " s (HOROVOD_TCP_TIMEOUT); treating it as lost");
       }
@@ -142,7 +155,7 @@ Status TcpTransport::Run(std::vector<Xfer>& xs) {
       if (re == 0) continue;
       if (sendq[p].empty() && recvq[p].empty()) {
         if (re & (POLLRDHUP | POLLHUP | POLLERR)) {
-          return Status::Aborted(PeerLost(p, "closed by the other side"));
+          return Status::Aborted(PeerLost(global_[p], "closed by the other side"));
         }
         continue;
       }
@@ -150,10 +163,10 @@ Status TcpTransport::Run(std::vector<Xfer>& xs) {
         while (!recvq[p].empty()) {
           Xfer* x = recvq[p].front();
           ssize_t n = ::recv(fds[i].fd, x->buf + x->done, x->len - x->done, MSG_DONTWAIT);
-          if (n == 0) return Status::Aborted(PeerLost(p, "closed by the other side"));
+          if (n == 0) return Status::Aborted(PeerLost(global_[p], "closed by the other side"));
           if (n < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
-            return Status::Aborted(PeerLost(p, std::strerror(errno)));
+            return Status::Aborted(PeerLost(global_[p], std::strerror(errno)));
           }
           x->done += static_cast<size_t>(n);
           last_progress = Clock::now();
@@ -170,7 +183,7 @@ Status TcpTransport::Run(std::vector<Xfer>& xs) {
                              MSG_DONTWAIT | MSG_NOSIGNAL);
           if (n < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
-            return Status::Aborted(PeerLost(p, std::strerror(errno)));
+            return Status::Aborted(PeerLost(global_[p], std::strerror(errno)));
           }
           x->done += static_cast<size_t>(n);
           last_progress = Clock::now();
@@ -180,7 +193,7 @@ Status TcpTransport::Run(std::vector<Xfer>& xs) {
           --pending;
         }
       } else if ((re & (POLLERR | POLLHUP)) && recvq[p].empty()) {
-        return Status::Aborted(PeerLost(p, "socket hung up"));
+        return Status::Aborted(PeerLost(global_[p], "socket hung up"));
       }
     }
   }
@@ -205,7 +218,7 @@ Status TcpTransport::Gather(const std::string& mine, std::vector<std::string>* a
   HVD_RETURN_IF_ERROR(Run(xs));
   xs.clear();
   for (int p = 1; p < size_; ++p) {
-    if (lens[p] > (1ull << 32)) return Status::Aborted(PeerLost(p, "corrupt message length"));
+    if (lens[p] > (1ull << 32)) return Status::Aborted(PeerLost(global_[p], "corrupt message length"));
     (*all)[p].resize(lens[p]);
     xs.push_back({p, false, (*all)[p].data(), lens[p]});
   }

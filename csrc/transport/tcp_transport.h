@@ -46,7 +46,16 @@ class TcpTransport : public ControlPlane, public Collectives {
                    const std::vector<size_t>& recv_bytes) override;
   Status Reducescatter(void* buf, const std::vector<size_t>& counts, DataType dtype,
                        ReduceOp op, void* out) override;
+  // Aborts every socket of the mesh, including those of subset views.
   void Abort() override;
+
+  // A communicator over `members` (ranks of this one, ascending) that shares this
+  // mesh's sockets, numbered 0..members.size()-1; null if this rank is not a
+  // member. Views and their parent must be used by the same single thread, and
+  // every member must run the same sequence of operations on the shared sockets.
+  std::unique_ptr<TcpTransport> Subset(const std::vector<int>& members) const;
+  // The rank of the mesh this communicator was cut from.
+  int global_rank(int r) const { return global_[r]; }
 
  private:
   // One transfer to or from a peer. Transfers to the same peer in the same
@@ -69,12 +78,18 @@ class TcpTransport : public ControlPlane, public Collectives {
                        const std::vector<size_t>& bytes);
 
   TcpTransport(int rank, int size, TcpOptions options)
-      : rank_(rank), size_(size), options_(options), peers_(size) {}
+      : rank_(rank), size_(size), options_(options),
+        sockets_(std::make_shared<std::vector<Socket>>(size)), global_(size) {
+    for (int r = 0; r < size; ++r) global_[r] = r;
+  }
+  Socket& Peer(int r) { return (*sockets_)[global_[r]]; }
 
   int rank_;
   int size_;
   TcpOptions options_;
-  std::vector<Socket> peers_;  // peers_[rank_] is unused
+  // The whole mesh's sockets, by mesh rank (own entry unused); shared with views.
+  std::shared_ptr<std::vector<Socket>> sockets_;
+  std::vector<int> global_;  // this communicator's rank -> mesh rank
   std::vector<char> scratch_;
 };
 

@@ -75,7 +75,7 @@ Response GetResponse(Reader& rd) {
 }
 
 bool ValidEnums(OpType t, DataType d, ReduceOp o) {
-  return static_cast<uint8_t>(t) <= static_cast<uint8_t>(OpType::kJoin) &&
+  return static_cast<uint8_t>(t) <= static_cast<uint8_t>(OpType::kRemoveProcessSet) &&
          static_cast<uint8_t>(d) <= static_cast<uint8_t>(DataType::kBool) &&
          static_cast<uint8_t>(o) <= static_cast<uint8_t>(ReduceOp::kProduct);
 }
@@ -98,6 +98,8 @@ const char* OpTypeName(OpType t) {
     case OpType::kReducescatter: return "reducescatter";
     case OpType::kBarrier: return "barrier";
     case OpType::kJoin: return "join";
+    case OpType::kAddProcessSet: return "add_process_set";
+    case OpType::kRemoveProcessSet: return "remove_process_set";
   }
   return "unknown";
 }

@@ -20,6 +20,11 @@ enum class OpType : uint8_t {
   kReducescatter = 4,
   kBarrier = 5,
   kJoin = 6,  // this rank has no more data; it contributes zeros until all have joined
+  // Register a process set (splits: its global ranks, ascending) / remove one
+  // (root: its id). Run on the global set, so every rank applies it at the same
+  // point of its op sequence.
+  kAddProcessSet = 7,
+  kRemoveProcessSet = 8,
 };
 const char* OpTypeName(OpType t);
 
