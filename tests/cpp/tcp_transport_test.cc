@@ -2,6 +2,7 @@
 // against a scalar reference; results bitwise identical on all ranks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -621,6 +622,57 @@ TEST(TcpTransport, SizeOneNeedsNoStore) {
   HVD_EXPECT_OK(t->Allgatherv(s, g, {3}));
   EXPECT_STREQ(g, "abc");
   t->Abort();  // nothing to abort, must not crash
+}
+
+// Views of one mesh (process sets): disjoint and overlapping subsets run their
+// collectives on shared sockets, interleaved with the whole mesh's, in the same
+// order on every member; ranks are renumbered within a view; results are right.
+TEST(TcpTransport, SubsetViewsShareTheMesh) {
+  Watchdog wd(60, "SubsetViewsShareTheMesh");
+  World w;
+  HVD_ASSERT_OK(MakeWorld(4, hvd_test::FastOptions(), &w));
+  const std::vector<std::vector<int>> sets = {{0, 2}, {1, 3}, {1, 2, 3}, {3}};
+  RunRanks(4, [&](int r) {
+    std::vector<std::unique_ptr<TcpTransport>> views;
+    for (const auto& s : sets) views.push_back(w.transports[r]->Subset(s));
+    for (size_t k = 0; k < sets.size(); ++k) {
+      bool member = std::find(sets[k].begin(), sets[k].end(), r) != sets[k].end();
+      ASSERT_EQ(views[k] != nullptr, member) << "set " << k;
+      if (!member) continue;
+      EXPECT_EQ(views[k]->size(), static_cast<int>(sets[k].size()));
+      EXPECT_EQ(sets[k][views[k]->rank()], r);
+      EXPECT_EQ(views[k]->global_rank(views[k]->rank()), r);
+    }
+    for (int round = 0; round < 3; ++round) {
+      // The whole mesh first, then each set in order, as the runtime does.
+      std::vector<float> all(1000, static_cast<float>(r + 1));
+      HVD_EXPECT_OK(w.transports[r]->Allreduce(all.data(), all.size(), DataType::kFloat32,
+                                               ReduceOp::kSum));
+      EXPECT_EQ(all[999], 10.0f);
+      for (size_t k = 0; k < sets.size(); ++k) {
+        if (!views[k]) continue;
+        // Large enough for the ring on the 3-rank set, small for the others.
+        size_t n = k == 2 ? 300000 : 100;
+        std::vector<float> x(n, static_cast<float>(r + 1));
+        HVD_EXPECT_OK(views[k]->Allreduce(x.data(), n, DataType::kFloat32, ReduceOp::kSum));
+        float want = 0;
+        for (int m : sets[k]) want += static_cast<float>(m + 1);
+        EXPECT_EQ(x[0], want) << "set " << k;
+        EXPECT_EQ(x[n - 1], want) << "set " << k;
+        std::string msg = views[k]->rank() == 0 ? "root" + std::to_string(k) : "";
+        HVD_EXPECT_OK(views[k]->Bcast(&msg));
+        EXPECT_EQ(msg, "root" + std::to_string(k));
+        std::vector<std::string> gathered;
+        HVD_EXPECT_OK(views[k]->Gather(std::to_string(r), &gathered));
+        if (views[k]->rank() == 0) {
+          ASSERT_EQ(gathered.size(), sets[k].size());
+          for (size_t i = 0; i < sets[k].size(); ++i) {
+            EXPECT_EQ(gathered[i], std::to_string(sets[k][i]));
+          }
+        }
+      }
+    }
+  });
 }
 
 }  // namespace
