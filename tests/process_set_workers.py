@@ -151,3 +151,29 @@ def dynamic_sets() -> None:
     assert third.process_set_id == 1
     hvd.barrier()
     hvd.shutdown()
+
+
+def gpu_sets() -> None:
+    """2 ranks with a GPU each: NCCL communicators per process set ([0, 1] as a set of
+    its own, and singletons), interleaved with global CUDA and CPU ops."""
+    pair, solo0, solo1 = hvd.ProcessSet([0, 1]), hvd.ProcessSet([0]), hvd.ProcessSet([1])
+    hvd.init(process_sets=[pair, solo0, solo1])
+    r = hvd.rank()
+    torch.cuda.set_device(hvd.local_rank())
+    dev = torch.device("cuda", hvd.local_rank())
+    mine = solo0 if r == 0 else solo1
+    for step in range(5):
+        a = hvd.allreduce_async(torch.full((1000,), float(r + 1), device=dev), op=hvd.Sum,
+                                process_set=pair)
+        b = hvd.allreduce_async(torch.full((10,), float(r + 1), device=dev), op=hvd.Sum)
+        c = hvd.allreduce_async(torch.full((7,), float(r + 5), device=dev), op=hvd.Sum,
+                                process_set=mine)
+        d = hvd.allreduce_async(torch.full((3,), 2.0), op=hvd.Sum, process_set=pair)
+        assert torch.all(hvd.synchronize(a) == 3) and torch.all(hvd.synchronize(b) == 3)
+        assert torch.all(hvd.synchronize(c) == r + 5) and torch.all(hvd.synchronize(d) == 4)
+    g = hvd.allgather(torch.full((r + 1, 2), float(r), device=dev), process_set=pair)
+    assert g.shape == (3, 2) and g.is_cuda
+    bc = hvd.broadcast(torch.full((4,), float(r), device=dev), root_rank=1, process_set=pair)
+    assert torch.all(bc == 1)
+    hvd.barrier()
+    hvd.shutdown()

@@ -59,3 +59,7 @@ def test_elastic_reset_with_nccl(tmp_path):
     assert rc == 0, out
     finals = _finals(out)
     assert finals and all(f["same"] == "True" and f["step"] == "40" for f in finals), out
+
+
+def test_process_sets_with_nccl():
+    run_workers("tests.process_set_workers:gpu_sets", 2, env=GPU_ENV, timeout=240)
