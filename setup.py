@@ -81,7 +81,36 @@ def _find_cuda_include():
 NCCL = _find_nccl()
 CUDA_INCLUDE = _find_cuda_include()
 WITH_NCCL = _optional_part("NCCL", "nccl", lambda: NCCL is not None and CUDA_INCLUDE is not None)
-_optional_part("MPI", "mpi", lambda: shutil.which("mpicxx") is not None)
+def _mpi_flags():
+    """(include_dirs, library_dirs, libraries) from the MPI compiler wrapper, or None.
+
+    MPI_HOME/bin/mpicxx is preferred; OpenMPI's wrapper answers --showme:*, MPICH's -show.
+    """
+    wrapper = None
+    if os.environ.get("MPI_HOME"):
+        wrapper = shutil.which("mpicxx", path=os.path.join(os.environ["MPI_HOME"], "bin"))
+    wrapper = wrapper or shutil.which("mpicxx")
+    if wrapper is None:
+        return None
+    import subprocess
+
+    def run(*args):
+        try:
+            return subprocess.run([wrapper, *args], capture_output=True, text=True,
+                                  timeout=30).stdout.split()
+        except (OSError, subprocess.SubprocessError):
+            return []
+    words = run("--showme:compile") + run("--showme:link") or run("-show")
+    inc = [w[2:] for w in words if w.startswith("-I")]
+    libdirs = [w[2:] for w in words if w.startswith("-L")]
+    libs = [w[2:] for w in words if w.startswith("-l")]
+    if not libs:
+        return None
+    return inc, libdirs, libs
+
+
+MPI = _mpi_flags()
+WITH_MPI = _optional_part("MPI", "mpi", lambda: MPI is not None)
 
 sources = [s for d in CORE_DIRS for s in _sources(d)]
 include_dirs = [os.path.join(ROOT, "csrc")]
@@ -95,6 +124,14 @@ if WITH_NCCL:
     library_dirs += [NCCL[1]]
     runtime_dirs += [NCCL[1]]
     print(f"horovod_torch: building with NCCL from {NCCL[0]}")
+if WITH_MPI:
+    # The MPI communicator replaces the no-MPI stubs (whole files, no #ifdef).
+    sources = [s for s in sources if not s.endswith("no_mpi.cc")] + _sources("mpi")
+    include_dirs += MPI[0]
+    libraries += MPI[2]
+    library_dirs += MPI[1]
+    runtime_dirs += MPI[1]
+    print(f"horovod_torch: building with MPI ({', '.join(MPI[2])})")
 
 
 def _cxx_std():

@@ -119,6 +119,39 @@ def _detect_world() -> dict:
     return world
 
 
+def _use_mpi(comm) -> bool:
+    """The MPI controller runs when asked for (HOROVOD_CONTROLLER=mpi, init(comm=...)) or
+    when mpirun started us and horovodrun did not; HOROVOD_CONTROLLER=gloo (or tcp)
+    keeps the TCP transport under mpirun."""
+    controller = os.environ.get("HOROVOD_CONTROLLER", "").lower()
+    if controller not in ("", "mpi", "gloo", "tcp"):
+        raise ValueError(f"HOROVOD_CONTROLLER={controller!r} is not valid; use mpi or gloo")
+    wanted = controller == "mpi" or comm is not None or (
+        controller == "" and "OMPI_COMM_WORLD_SIZE" in os.environ
+        and "HOROVOD_RANK" not in os.environ and _C.mpi_built())
+    if wanted and not _C.mpi_built():
+        raise ValueError("the MPI controller was requested (HOROVOD_CONTROLLER=mpi or "
+                         "init(comm=...)), but this build of horovod_torch has no MPI; install "
+                         "MPI (e.g. libopenmpi-dev) and rebuild, or use the TCP transport")
+    return wanted
+
+
+def _mpi_comm_arg(comm):
+    """(ranks of MPI_COMM_WORLD, Fortran handle) for init(comm=...)."""
+    if comm is None:
+        return [], 0
+    if hasattr(comm, "py2f"):  # an mpi4py communicator
+        return [], int(comm.py2f())
+    try:
+        ranks = sorted(int(r) for r in comm)
+    except TypeError:
+        raise ValueError("init(comm=...) takes a list of MPI_COMM_WORLD ranks or an mpi4py "
+                         f"communicator, got {type(comm).__name__}") from None
+    if not ranks:
+        raise ValueError("init(comm=[]): give at least one rank")
+    return ranks, 0
+
+
 def init(comm=None, process_sets=None) -> None:
     """Initialises horovod_torch: joins the job started by horovodrun.
 
@@ -126,25 +159,28 @@ def init(comm=None, process_sets=None) -> None:
     after shutdown() starts a fresh engine.
     """
     global _init_count, _atexit_registered
-    if comm is not None:
-        raise ValueError("init(comm=...) needs an MPI build of horovod_torch; call hvd.init() "
-                         "and select ranks with process_sets=[hvd.ProcessSet([...])] instead")
+    use_mpi = _use_mpi(comm)
     if process_sets is not None and not isinstance(process_sets, (list, tuple)):
         raise ValueError("process_sets must be a list of hvd.ProcessSet (or of rank lists)")
     with _lock:
         if _C.world() is not None:
             return
         from horovod_torch.elastic import worker as elastic_worker
-        if elastic_worker.is_elastic():
+        if use_mpi:
+            ranks, handle = _mpi_comm_arg(comm)
+            code, message = _C.init_mpi(ranks, handle)
+        elif elastic_worker.is_elastic():
             timeout = float(os.environ.get("HOROVOD_ELASTIC_TIMEOUT", "600"))
             world, prefix = elastic_worker.next_assignment(timeout)
         else:
             world = _detect_world()
             prefix = os.environ.get("HOROVOD_RENDEZVOUS_PREFIX", "job") + f"/init{_init_count}"
-        _init_count += 1
-        code, message = _C.init(world["rank"], world["size"], world["local_rank"],
-                                world["local_size"], world["cross_rank"], world["cross_size"],
-                                world["store_host"], world["store_port"], world["secret"], prefix)
+        if not use_mpi:
+            _init_count += 1
+            code, message = _C.init(world["rank"], world["size"], world["local_rank"],
+                                    world["local_size"], world["cross_rank"],
+                                    world["cross_size"], world["store_host"],
+                                    world["store_port"], world["secret"], prefix)
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
@@ -242,11 +278,15 @@ def mpi_built() -> bool:
 
 
 def mpi_enabled() -> bool:
-    return False
+    """True when this job's engine runs over MPI (HOROVOD_CONTROLLER=mpi or mpirun)."""
+    return _C.mpi_enabled()
 
 
 def mpi_threads_supported() -> bool:
-    return False
+    """True when MPI runs with MPI_THREAD_MULTIPLE, so the script may use MPI (mpi4py)
+    alongside horovod_torch."""
+    _world()
+    return _C.mpi_threads_supported()
 
 
 def gloo_built() -> bool:
@@ -255,7 +295,7 @@ def gloo_built() -> bool:
 
 
 def gloo_enabled() -> bool:
-    return is_initialized()
+    return is_initialized() and not _C.mpi_enabled()
 
 
 def ddl_built() -> bool:

@@ -177,3 +177,20 @@ def gpu_sets() -> None:
     assert torch.all(bc == 1)
     hvd.barrier()
     hvd.shutdown()
+
+
+def mpi_comm_subset() -> None:
+    """Under mpirun with 3 processes: init(comm=[0, 2]) makes a world of two; the
+    rank outside gets a clear ValueError."""
+    import horovod_torch as h
+    world_rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    try:
+        h.init(comm=[0, 2])
+    except ValueError as e:
+        assert world_rank == 1 and "not in the given ranks" in str(e), (world_rank, e)
+        print("outside as expected", flush=True)
+        return
+    assert world_rank in (0, 2) and h.size() == 2 and h.rank() == world_rank // 2
+    assert h.mpi_enabled() and not h.gloo_enabled()
+    assert h.allreduce(torch.ones(2), op=h.Sum).tolist() == [2.0, 2.0]
+    h.shutdown()

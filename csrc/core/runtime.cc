@@ -50,7 +50,7 @@ Status Runtime::Create(const WorldInfo& world, const Config& config,
   opt.io_timeout_s = config.tcp_timeout_s;
   opt.small_allreduce_bytes = static_cast<size_t>(config.small_allreduce_bytes);
   opt.ring_chunk_bytes = static_cast<size_t>(std::max<int64_t>(4096, config.ring_chunk_bytes));
-  if (world.size > 1) {
+  if (world.size > 1 && !world.use_mpi) {
     if (world.store_host.empty()) {
       return Status::InvalidArgument(
           "size > 1 but no rendezvous store address: start the job with horovodrun");
@@ -58,8 +58,14 @@ Status Runtime::Create(const WorldInfo& world, const Config& config,
     HVD_RETURN_IF_ERROR(StoreClient::Connect(world.store_host, world.store_port, world.secret,
                                              config.start_timeout_s, &rt->store_));
   }
-  HVD_RETURN_IF_ERROR(TcpTransport::Create(rt->store_.get(), world.prefix, world.rank,
-                                           world.size, world.secret, opt, &rt->transport_));
+  if (world.use_mpi) {
+    HVD_RETURN_IF_ERROR(CreateMpiCommunicator(&rt->transport_));
+  } else {
+    std::unique_ptr<TcpTransport> tcp;
+    HVD_RETURN_IF_ERROR(TcpTransport::Create(rt->store_.get(), world.prefix, world.rank,
+                                             world.size, world.secret, opt, &tcp));
+    rt->transport_ = std::move(tcp);
+  }
   rt->gpu_ = CreateGpuBackend(rt->transport_.get(), world.rank, world.size, config);
   rt->controller_ = std::make_unique<Controller>(
       rt->transport_.get(), static_cast<size_t>(std::max<int64_t>(0, config.cache_capacity)),
@@ -89,7 +95,8 @@ Status Runtime::Create(const WorldInfo& world, const Config& config,
       rt->autotune_done_ = false;
     }
   }
-  HVD_LOG(kInfo) << "rank " << world.rank << " of " << world.size << " ready: TCP mesh"
+  HVD_LOG(kInfo) << "rank " << world.rank << " of " << world.size << " ready: "
+                 << (world.use_mpi ? "MPI" : "TCP mesh")
                  << (rt->gpu_ ? " and NCCL" : "") << ", fusion threshold "
                  << config.fusion_threshold_bytes << " bytes, response cache "
                  << config.cache_capacity << " entries"
@@ -486,7 +493,7 @@ Status Runtime::Execute(ProcessSetState& ps, const std::vector<Response>& respon
                first.type == OpType::kRemoveProcessSet) {
       st = ChangeProcessSets(first, entries[0]);
     } else {
-      Trace(rs, std::string("TCP_") + OpTypeName(first.type));
+      Trace(rs, std::string(ps.transport->name()) + "_" + OpTypeName(first.type));
       st = RunOne(ps, first, entries[0]);
     }
     TraceEnd(rs);
@@ -540,7 +547,8 @@ Status Runtime::ChangeProcessSets(const Response& r, Entry& e) {
     }
   }
   const int32_t id = next_set_id_++;
-  std::unique_ptr<TcpTransport> view = transport_->Subset(ranks);
+  std::unique_ptr<Communicator> view;
+  HVD_RETURN_IF_ERROR(transport_->Subset(ranks, &view));  // collective for MPI
   if (view) {
     auto ps = std::make_unique<ProcessSetState>();
     ps->id = id;
@@ -589,7 +597,8 @@ Entry Runtime::JoinedEntry(const Response& r) {
 Status Runtime::RunAllreduce(ProcessSetState& ps, const std::vector<Response>& batch,
                              std::vector<Entry>& entries) {
   const Response& r = batch[0];
-  TcpTransport* transport = ps.transport;
+  Communicator* transport = ps.transport;
+  const std::string coll = std::string(transport->name()) + "_ALLREDUCE";
   ReduceOp op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
   double post = r.postscale * (r.op == ReduceOp::kAverage ? 1.0 / transport->size() : 1.0);
   if (entries.size() == 1) {
@@ -598,7 +607,7 @@ Status Runtime::RunAllreduce(ProcessSetState& ps, const std::vector<Response>& b
     if (!out.is_same(e.sub.input)) out.copy_(e.sub.input);
     size_t count = static_cast<size_t>(out.numel());
     ScaleBuffer(out.data_ptr(), count, r.dtype, r.prescale);
-    Trace(batch, "TCP_ALLREDUCE");
+    Trace(batch, coll);
     HVD_RETURN_IF_ERROR(transport->Allreduce(out.data_ptr(), count, r.dtype, op));
     ScaleBuffer(out.data_ptr(), count, r.dtype, post);
     e.handle->Complete(Status::Ok(), out);
@@ -617,7 +626,7 @@ Status Runtime::RunAllreduce(ProcessSetState& ps, const std::vector<Response>& b
   }
   size_t count = total / DataTypeSize(r.dtype);
   ScaleBuffer(buf, count, r.dtype, r.prescale);
-  Trace(batch, "TCP_ALLREDUCE");
+  Trace(batch, coll);
   HVD_RETURN_IF_ERROR(transport->Allreduce(buf, count, r.dtype, op));
   ScaleBuffer(buf, count, r.dtype, post);
   Trace(batch, "MEMCPY_OUT_FUSION_BUFFER");
@@ -631,7 +640,7 @@ Status Runtime::RunAllreduce(ProcessSetState& ps, const std::vector<Response>& b
 }
 
 Status Runtime::RunOne(ProcessSetState& ps, const Response& r, Entry& e) {
-  TcpTransport* transport = ps.transport;
+  Communicator* transport = ps.transport;
   const int size = transport->size(), me = transport->rank();
   const at::Tensor& in = e.sub.input;
   const size_t esize = DataTypeSize(r.dtype);

@@ -41,6 +41,7 @@ struct WorldInfo {
   int store_port = 0;
   std::string secret;
   std::string prefix;  // rendezvous namespace, unique per init (e.g. "gen3")
+  bool use_mpi = false;  // the communicator MpiSetup prepared instead of the TCP mesh
 };
 
 class Runtime {
@@ -72,8 +73,8 @@ class Runtime {
   // global set (id 0) or a process set this rank belongs to.
   struct ProcessSetState {
     int32_t id = 0;
-    TcpTransport* transport = nullptr;           // its communicator
-    std::unique_ptr<TcpTransport> own_transport;  // a view of the mesh (not for id 0)
+    Communicator* transport = nullptr;           // its communicator
+    std::unique_ptr<Communicator> own_transport;  // a subset of the world's (not for id 0)
     Controller* controller = nullptr;
     std::unique_ptr<Controller> own_controller;
     GpuBackend* gpu = nullptr;
@@ -104,7 +105,7 @@ class Runtime {
   WorldInfo world_;
   Config config_;
   std::unique_ptr<StoreClient> store_;
-  std::unique_ptr<TcpTransport> transport_;
+  std::unique_ptr<Communicator> transport_;  // the TCP mesh or MPI
   std::unique_ptr<Controller> controller_;
   std::unique_ptr<GpuBackend> gpu_;  // after transport_: destroyed before it
   std::vector<char> fusion_buffer_;  // background thread only

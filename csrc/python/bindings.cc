@@ -24,6 +24,7 @@ struct Globals {
   std::unique_ptr<Runtime> runtime;  // GUARDED_BY(mu)
   HandleTable handles;
   std::map<int32_t, int64_t> next_group;  // GUARDED_BY(mu): last group id, per process set
+  bool mpi_threads = false;               // GUARDED_BY(mu): MPI_THREAD_MULTIPLE granted
 };
 
 Globals& G() {
@@ -70,6 +71,44 @@ void Shutdown() {
     rt = std::move(G().runtime);
   }
   rt.reset();  // negotiated shutdown, joins the background thread
+}
+
+// init() under the MPI controller: rank, size and the communicator come from MPI
+// (MPI_COMM_WORLD, the ranks given, or an mpi4py communicator's Fortran handle).
+py::tuple InitMpi(std::vector<int> ranks, int64_t fortran_handle) {
+  std::string env_error;
+  Config config = Config::FromEnv(&env_error);
+  SetLogLevel(config.log_level);
+  SetLogHideTime(config.log_hide_time != 0);
+  if (!env_error.empty()) {
+    return Err(Status::InvalidArgument("bad environment setting: " + env_error));
+  }
+  Status st;
+  {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> lock(G().mu);
+    if (!G().runtime) {
+      MpiWorld m;
+      st = MpiSetup(ranks, fortran_handle, &m);
+      if (st.ok()) {
+        SetLogRank(m.rank);
+        G().mpi_threads = m.threads_supported;
+        WorldInfo w;
+        w.rank = m.rank;
+        w.size = m.size;
+        w.local_rank = m.local_rank;
+        w.local_size = m.local_size;
+        w.cross_rank = m.cross_rank;
+        w.cross_size = m.cross_size;
+        w.use_mpi = true;
+        std::unique_ptr<Runtime> rt;
+        st = Runtime::Create(w, config, &rt);
+        if (st.ok()) G().runtime = std::move(rt);
+      }
+    }
+    G().next_group.clear();
+  }
+  return Err(st);
 }
 
 // start_timeline / stop_timeline: (code, message) like init.
@@ -252,7 +291,16 @@ PYBIND11_MODULE(_C, m) {
     return py::cast(G().runtime->process_sets());
   });
   m.def("nccl_built", &NcclVersionBuilt);
-  m.def("mpi_built", [] { return false; });
+  m.def("init_mpi", &InitMpi);
+  m.def("mpi_built", [] { return MpiBuilt(); });
+  m.def("mpi_enabled", [] {
+    std::lock_guard<std::mutex> lock(G().mu);
+    return G().runtime != nullptr && G().runtime->world().use_mpi;
+  });
+  m.def("mpi_threads_supported", [] {
+    std::lock_guard<std::mutex> lock(G().mu);
+    return G().runtime != nullptr && G().runtime->world().use_mpi && G().mpi_threads;
+  });
   m.def("cuda_built", [] { return NcclVersionBuilt() != 0; });
   m.attr("OP_ALLREDUCE") = static_cast<int>(OpType::kAllreduce);
   m.attr("OP_ALLGATHER") = static_cast<int>(OpType::kAllgather);

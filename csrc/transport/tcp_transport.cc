@@ -90,7 +90,7 @@ void TcpTransport::Abort() {
   for (auto& s : *sockets_) s.Shutdown();
 }
 
-std::unique_ptr<TcpTransport> TcpTransport::Subset(const std::vector<int>& members) const {
+std::unique_ptr<TcpTransport> TcpTransport::SubsetView(const std::vector<int>& members) const {
   int me = -1;
   for (size_t i = 0; i < members.size(); ++i) {
     if (members[i] == rank_) me = static_cast<int>(i);

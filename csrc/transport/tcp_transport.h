@@ -27,7 +27,7 @@ struct TcpOptions {
   size_t ring_chunk_bytes = 256 * 1024;
 };
 
-class TcpTransport : public ControlPlane, public Collectives {
+class TcpTransport : public Communicator {
  public:
   // Rendezvous under `prefix` in the store, then connect to every peer.
   static Status Create(StoreClient* store, const std::string& prefix, int rank, int size,
@@ -53,7 +53,12 @@ class TcpTransport : public ControlPlane, public Collectives {
   // mesh's sockets, numbered 0..members.size()-1; null if this rank is not a
   // member. Views and their parent must be used by the same single thread, and
   // every member must run the same sequence of operations on the shared sockets.
-  std::unique_ptr<TcpTransport> Subset(const std::vector<int>& members) const;
+  std::unique_ptr<TcpTransport> SubsetView(const std::vector<int>& members) const;
+  Status Subset(const std::vector<int>& members, std::unique_ptr<Communicator>* out) override {
+    *out = SubsetView(members);
+    return Status::Ok();
+  }
+  const char* name() const override { return "TCP"; }
   // The rank of the mesh this communicator was cut from.
   int global_rank(int r) const { return global_[r]; }
 

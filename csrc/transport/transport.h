@@ -11,6 +11,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -50,5 +52,32 @@ class Collectives {
   // Wakes and fails any blocked call (used when shutting down after an error).
   virtual void Abort() = 0;
 };
+
+// Both planes for one fixed group of ranks: the TCP mesh (TcpTransport) or an MPI
+// communicator (csrc/mpi).
+class Communicator : public ControlPlane, public Collectives {
+ public:
+  // A communicator over `members` (ranks of this one, ascending); *out is null when
+  // this rank is not a member. Every rank of this communicator calls it at the same
+  // point of its op sequence (MPI creates sub-communicators collectively).
+  virtual Status Subset(const std::vector<int>& members, std::unique_ptr<Communicator>* out) = 0;
+  // "TCP" or "MPI": names the collectives in the timeline.
+  virtual const char* name() const = 0;
+};
+
+// Builds with MPI (csrc/mpi) implement these; others (transport/no_mpi.cc) report
+// that MPI is not built.
+struct MpiWorld {
+  int rank = 0, size = 1, local_rank = 0, local_size = 1, cross_rank = 0, cross_size = 1;
+  bool threads_supported = false;
+};
+bool MpiBuilt();
+// Initialises MPI if nobody has (MPI_THREAD_MULTIPLE) and prepares the job's
+// communicator: a duplicate of `fortran_handle`'s communicator (0: MPI_COMM_WORLD),
+// or, if `ranks` is non-empty, the sub-communicator of those MPI_COMM_WORLD ranks.
+// Collective over that communicator's (or MPI_COMM_WORLD's) processes.
+Status MpiSetup(const std::vector<int>& ranks, int64_t fortran_handle, MpiWorld* world);
+// The communicator MpiSetup prepared (each setup yields one).
+Status CreateMpiCommunicator(std::unique_ptr<Communicator>* out);
 
 }  // namespace hvd

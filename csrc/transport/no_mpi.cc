@@ -1,0 +1,18 @@
+// Builds without MPI: the MPI controller is not available.
+#include "transport/transport.h"
+
+namespace hvd {
+
+bool MpiBuilt() { return false; }
+
+Status MpiSetup(const std::vector<int>&, int64_t, MpiWorld*) {
+  return Status::InvalidArgument(
+      "this build of horovod_torch has no MPI support (mpicxx was not found when it was "
+      "built); install MPI (e.g. libopenmpi-dev) and rebuild, or launch with horovodrun");
+}
+
+Status CreateMpiCommunicator(std::unique_ptr<Communicator>*) {
+  return MpiSetup({}, 0, nullptr);
+}
+
+}  // namespace hvd
