@@ -2,36 +2,33 @@
 processes, same run, 4 KB to 64 MB. Prints a table of median times and speedups.
 
     python bench/allreduce_cpu.py --np 2 [--np 4] [--iters 20]
+    python bench/allreduce_cpu.py --transport mpi --np 2
 
 The script launches itself under horovodrun; each worker initialises both
 horovod_torch and a gloo process group and alternates between them per size.
+With --transport mpi it launches itself under mpirun and measures horovod_torch
+twice in the same processes, over MPI (HOROVOD_CONTROLLER=mpi) and over its TCP
+transport (HOROVOD_CONTROLLER=gloo), each alternating with gloo.
 """
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import time
 
-from _launch import launch_self, size_str
+from _launch import REPO, free_port, launch_self, size_str
 
 SIZES = [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 
 
 
 
-def worker(iters: int) -> None:
-    import torch
-    import torch.distributed as dist
-
-    import horovod_torch as hvd
-    hvd.init()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['BENCH_PORT']}",
-                            rank=hvd.rank(), world_size=hvd.size())
-    torch.set_num_threads(1)
+def _measure(hvd, dist, torch, iters):
+    """[(bytes, hvd median s, gloo median s)], slowest rank's medians."""
     rows = []
     for nbytes in SIZES:
         t = torch.ones(nbytes // 4, dtype=torch.float32)
-        n_iter = max(5, min(iters, int(iters * (4 << 20) / nbytes)) if nbytes > 4 << 20 else iters)
         n_iter = iters if nbytes <= 1 << 20 else max(5, iters // 2)
         times = {"hvd": [], "gloo": []}
         for i in range(n_iter + 3):  # 3 warm-up rounds
@@ -51,32 +48,84 @@ def worker(iters: int) -> None:
         for v in med.values():
             dist.all_reduce(v, op=dist.ReduceOp.MAX)
         rows.append((nbytes, med["hvd"].item(), med["gloo"].item()))
-    if hvd.rank() == 0:
-        print(f"\nallreduce float32, {hvd.size()} ranks, median of per-op times "
-              f"(torch {torch.__version__}, {os.cpu_count()} CPUs)")
-        print(f"{'size':>8} {'hvd ms':>10} {'gloo ms':>10} {'speedup':>8} {'hvd GB/s':>9}")
-        for nbytes, th, tg in rows:
-            busbw = 2 * (hvd.size() - 1) / hvd.size() * nbytes / th / 1e9
-            print(f"{size_str(nbytes):>8} {th * 1e3:10.3f} {tg * 1e3:10.3f} {tg / th:7.2f}x "
-                  f"{busbw:9.2f}")
+    return rows
+
+
+def worker(iters: int, transport: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import horovod_torch as hvd
+    torch.set_num_threads(1)
+    if transport == "tcp":
+        hvd.init()
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['BENCH_PORT']}",
+                                rank=hvd.rank(), world_size=hvd.size())
+        rows = _measure(hvd, dist, torch, iters)
+        if hvd.rank() == 0:
+            print(f"\nallreduce float32, {hvd.size()} ranks, median of per-op times "
+                  f"(torch {torch.__version__}, {os.cpu_count()} CPUs)")
+            print(f"{'size':>8} {'hvd ms':>10} {'gloo ms':>10} {'speedup':>8} {'hvd GB/s':>9}")
+            for nbytes, th, tg in rows:
+                busbw = 2 * (hvd.size() - 1) / hvd.size() * nbytes / th / 1e9
+                print(f"{size_str(nbytes):>8} {th * 1e3:10.3f} {tg * 1e3:10.3f} {tg / th:7.2f}x "
+                      f"{busbw:9.2f}")
+            sys.stdout.flush()
+        dist.destroy_process_group()
+        hvd.shutdown()
+        return
+    # Under mpirun: the MPI controller, then the TCP transport, in the same processes.
+    results = {}
+    for controller in ("mpi", "gloo"):
+        os.environ["HOROVOD_CONTROLLER"] = controller
+        hvd.init()
+        if not dist.is_initialized():
+            dist.init_process_group(
+                "gloo", init_method=f"tcp://127.0.0.1:{os.environ['BENCH_PORT']}",
+                rank=hvd.rank(), world_size=hvd.size())
+        assert hvd.mpi_enabled() == (controller == "mpi")
+        results[controller] = _measure(hvd, dist, torch, iters)
+        hvd.shutdown()
+    if dist.get_rank() == 0:
+        print(f"\nallreduce float32, {dist.get_world_size()} ranks under mpirun, median of "
+              f"per-op times (torch {torch.__version__}, {os.cpu_count()} CPUs)")
+        print(f"{'size':>8} {'hvd-mpi ms':>11} {'hvd-tcp ms':>11} {'gloo ms':>9} "
+              f"{'tcp/mpi':>8} {'gloo/mpi':>9}")
+        for (nbytes, tm, g1), (_, tt, g2) in zip(results["mpi"], results["gloo"]):
+            tg = min(g1, g2)
+            print(f"{size_str(nbytes):>8} {tm * 1e3:11.3f} {tt * 1e3:11.3f} {tg * 1e3:9.3f} "
+                  f"{tt / tm:7.2f}x {tg / tm:8.2f}x")
         sys.stdout.flush()
     dist.destroy_process_group()
-    hvd.shutdown()
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--np", type=int, action="append", help="ranks (repeatable; default 2 and 4)")
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--transport", choices=("tcp", "mpi"), default="tcp",
+                   help="mpi: run under mpirun and compare MPI, TCP and gloo")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        worker(args.iters)
+        worker(args.iters, args.transport)
         return
     for n in args.np or [2, 4]:
-        rc = launch_self(__file__, n, ["--iters", str(args.iters)], {"OMP_NUM_THREADS": "1"})
+        if args.transport == "tcp":
+            rc = launch_self(__file__, n, ["--iters", str(args.iters)], {"OMP_NUM_THREADS": "1"})
+        else:
+            env = dict(os.environ, BENCH_PORT=str(free_port()), OMP_NUM_THREADS="1",
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                       PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+            rc = subprocess.call(
+                ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n),
+                 "--mca", "btl", "self,vader,tcp", "-x", "BENCH_PORT", "-x", "OMP_NUM_THREADS",
+                 "-x", "MASTER_ADDR", "-x", "MASTER_PORT", "-x", "PYTHONPATH",
+                 sys.executable, os.path.abspath(__file__), "--worker", "--transport", "mpi",
+                 "--iters", str(args.iters)], env=env)
         if rc != 0:
             sys.exit(rc)
+
 
 if __name__ == "__main__":
     main()
