@@ -565,7 +565,10 @@ def _register(process_set, static: bool) -> ProcessSet:
     if bad or not process_set.ranks:
         raise ValueError(f"process set ranks {process_set.ranks} must be non-empty and in "
                          f"[0, {size()})")
-    if static:  # init(process_sets=[...]): equal sets share one id
+    if static:  # init(process_sets=[...]): equal sets share one id; all ranks: the global set
+        if process_set.ranks == list(range(size())):
+            process_set.process_set_id = 0
+            return process_set
         for ps in _registry.values():
             if ps.process_set_id != 0 and ps.ranks == process_set.ranks:
                 process_set.process_set_id = ps.process_set_id

@@ -154,10 +154,12 @@ def dynamic_sets() -> None:
 
 
 def gpu_sets() -> None:
-    """2 ranks with a GPU each: NCCL communicators per process set ([0, 1] as a set of
-    its own, and singletons), interleaved with global CUDA and CPU ops."""
+    """2 ranks with a GPU each: NCCL communicators per process set (singletons),
+    interleaved with global CUDA and CPU ops; a static set of every rank is the global
+    set."""
     pair, solo0, solo1 = hvd.ProcessSet([0, 1]), hvd.ProcessSet([0]), hvd.ProcessSet([1])
     hvd.init(process_sets=[pair, solo0, solo1])
+    assert pair.process_set_id == 0 and pair == hvd.global_process_set
     r = hvd.rank()
     torch.cuda.set_device(hvd.local_rank())
     dev = torch.device("cuda", hvd.local_rank())
@@ -193,4 +195,21 @@ def mpi_comm_subset() -> None:
     assert world_rank in (0, 2) and h.size() == 2 and h.rank() == world_rank // 2
     assert h.mpi_enabled() and not h.gloo_enabled()
     assert h.allreduce(torch.ones(2), op=h.Sum).tolist() == [2.0, 2.0]
+    h.shutdown()
+
+
+def mpi4py_comm() -> None:
+    """init(comm=<mpi4py communicator>): the job runs on that communicator (here the
+    even and odd halves of 4 processes form two separate jobs of 2), and the script's
+    own mpi4py calls work alongside (MPI_THREAD_MULTIPLE)."""
+    from mpi4py import MPI
+    import horovod_torch as h
+    world = MPI.COMM_WORLD
+    half = world.Split(color=world.Get_rank() % 2, key=world.Get_rank())
+    h.init(comm=half)
+    assert h.size() == 2 and h.rank() == world.Get_rank() // 2
+    assert h.mpi_enabled() and h.mpi_threads_supported()
+    got = h.allreduce(torch.tensor([float(world.Get_rank())]), op=h.Sum).item()
+    assert got == (2.0 if world.Get_rank() % 2 == 0 else 4.0), got
+    assert world.allreduce(1) == world.Get_size()  # the script's own MPI traffic
     h.shutdown()

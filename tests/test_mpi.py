@@ -56,3 +56,8 @@ def test_controller_env_is_validated():
                          env=dict(os.environ, HOROVOD_CONTROLLER="nccl"), capture_output=True,
                          text=True, timeout=60)
     assert out.returncode != 0 and "HOROVOD_CONTROLLER='nccl' is not valid" in out.stderr
+
+
+def test_init_with_an_mpi4py_communicator():
+    pytest.importorskip("mpi4py")
+    mpirun("tests.process_set_workers:mpi4py_comm", 4)
