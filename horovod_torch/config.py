@@ -24,6 +24,10 @@ LAUNCHER_VARS: List[Tuple[str, str, str]] = [
      "Seconds a worker waits for a new generation after a reset (default 600)."),
     ("HOROVOD_ELASTIC_RESET_LIMIT", "--reset-limit", "Most resets before the job stops (0: none)."),
     ("HOROVOD_RENDEZVOUS_PREFIX", "(user)", "Store namespace of a static job (default 'job')."),
+    ("HOROVOD_CONTROLLER", "(user)",
+     "mpi: run over MPI (default under mpirun in MPI builds); gloo: the TCP transport."),
+    ("HOROVOD_DYNAMIC_PROCESS_SETS", "(user)",
+     "1: allow hvd.add_process_set() / remove_process_set() after init."),
 ]
 
 
