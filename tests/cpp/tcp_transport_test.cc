@@ -634,7 +634,7 @@ TEST(TcpTransport, SubsetViewsShareTheMesh) {
   const std::vector<std::vector<int>> sets = {{0, 2}, {1, 3}, {1, 2, 3}, {3}};
   RunRanks(4, [&](int r) {
     std::vector<std::unique_ptr<TcpTransport>> views;
-    for (const auto& s : sets) views.push_back(w.transports[r]->Subset(s));
+    for (const auto& s : sets) views.push_back(w.transports[r]->SubsetView(s));
     for (size_t k = 0; k < sets.size(); ++k) {
       bool member = std::find(sets[k].begin(), sets[k].end(), r) != sets[k].end();
       ASSERT_EQ(views[k] != nullptr, member) << "set " << k;
