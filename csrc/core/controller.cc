@@ -46,10 +46,28 @@ void Controller::Classify(Request req, std::vector<uint64_t>* invalid) {
 
 Status Controller::Cycle(std::vector<Request> fresh, bool want_shutdown,
                          std::vector<Response>* responses, bool* shutdown) {
+  const size_t words = cache_.num_words();
+  if (pending_invalid_.size() != words) pending_invalid_.assign(words, 0);
+  for (auto& r : fresh) {
+    join_pending_ = join_pending_ || r.type == OpType::kJoin;
+    Classify(std::move(r), &pending_invalid_);
+  }
+  responses->clear();
+  *shutdown = false;
+  bool any_invalid = false;
+  for (uint64_t w : pending_invalid_) any_invalid = any_invalid || w != 0;
+  if (fast_ok_) {
+    bool need_full = !uncached_.empty() || want_shutdown || join_pending_ || any_invalid ||
+                     params_pending_ || stall_due_;
+    bool done = false;
+    fast_need_full_ = need_full;
+    HVD_RETURN_IF_ERROR(FastCycle(responses, &done));
+    if (done) return Status::Ok();
+  }
   RequestList mine;
-  mine.invalid_bits.assign(cache_.num_words(), 0);
-  mine.ready_bits.assign(cache_.num_words(), 0);
-  for (auto& r : fresh) Classify(std::move(r), &mine.invalid_bits);
+  mine.invalid_bits.swap(pending_invalid_);
+  pending_invalid_.assign(words, 0);
+  mine.ready_bits.assign(words, 0);
   for (auto& kv : cached_pending_) SetBit(&mine.ready_bits, kv.first);
   mine.requests.swap(uncached_);
   mine.shutdown = want_shutdown;
@@ -66,13 +84,15 @@ Status Controller::Cycle(std::vector<Request> fresh, bool want_shutdown,
     ResponseList out = Coordinate(lists, &ok, &error);
     if (!ok) return Status::Aborted(error);
     if (timeline_ != nullptr && timeline_->active()) TraceCachedBits(lists, out);
-    TunedParams next;
-    if (tuner_ && tuner_->Step(ReducedBytes(out), std::chrono::steady_clock::now(), &next)) {
+    AutotuneStep(out);
+    if (params_pending_) {
       out.has_params = true;
-      out.fusion_threshold_bytes = next.fusion_threshold_bytes;
-      out.wake_delay_us = next.wake_delay_us;
-      out.cache_enabled = next.cache_enabled;
+      out.fusion_threshold_bytes = pending_params_.fusion_threshold_bytes;
+      out.wake_delay_us = pending_params_.wake_delay_us;
+      out.cache_enabled = pending_params_.cache_enabled;
+      params_pending_ = false;
     }
+    stall_due_ = false;
     reply = Encode(out);
   }
   HVD_RETURN_IF_ERROR(control_->Bcast(&reply));
@@ -82,7 +102,62 @@ Status Controller::Cycle(std::vector<Request> fresh, bool want_shutdown,
   responses->clear();
   Apply(list, responses);
   *shutdown = list.shutdown;
+  fast_ok_ = true;  // capacities were checked: the steady-state exchange is safe now
   return Status::Ok();
+}
+
+Status Controller::FastCycle(std::vector<Response>* responses, bool* done) {
+  const size_t words = cache_.num_words();
+  std::vector<uint64_t> msg(1 + words, 0);
+  msg[0] = fast_need_full_ ? 1 : 0;
+  for (auto& kv : cached_pending_) {
+    msg[1 + kv.first / 64] |= 1ull << (kv.first % 64);
+  }
+  std::vector<std::string> all;
+  HVD_RETURN_IF_ERROR(control_->Allgather(
+      std::string(reinterpret_cast<const char*>(msg.data()), msg.size() * 8), &all));
+  const int size = static_cast<int>(all.size());
+  std::vector<RequestList> lists(size);
+  bool need_full = false;
+  ResponseList out;
+  out.ready_bits.assign(words, ~0ull);
+  out.invalid_bits.assign(words, 0);
+  for (int r = 0; r < size; ++r) {
+    if (all[r].size() != msg.size() * 8) {
+      return Status::Aborted("rank " + std::to_string(r) + " sent a malformed cache exchange");
+    }
+    const uint64_t* w = reinterpret_cast<const uint64_t*>(all[r].data());
+    need_full = need_full || (w[0] & 1);
+    lists[r].ready_bits.assign(w + 1, w + 1 + words);
+    for (size_t i = 0; i < words; ++i) out.ready_bits[i] &= w[1 + i];
+  }
+  *done = !need_full;  // the same decision on every rank: they all saw the same bits
+  if (need_full) return Status::Ok();
+  if (control_->rank() == 0) CoordinateFast(lists, out);
+  Apply(out, responses);
+  return Status::Ok();
+}
+
+void Controller::CoordinateFast(const std::vector<RequestList>& lists, const ResponseList& out) {
+  if (timeline_ != nullptr && timeline_->active()) TraceCachedBits(lists, out);
+  AutotuneStep(out);
+  TrackPartialBits(lists);
+  // A stall report (or a stall shutdown) needs a full cycle to reach every rank.
+  const auto now = std::chrono::steady_clock::now();
+  if (std::chrono::duration<double>(now - last_stall_log_).count() < stall_.check_s) return;
+  auto old = [&](std::chrono::steady_clock::time_point since) {
+    return std::chrono::duration<double>(now - since).count() >= stall_.check_s;
+  };
+  for (const auto& kv : partial_bits_) stall_due_ = stall_due_ || old(kv.second);
+  for (const auto& kv : table_) stall_due_ = stall_due_ || old(kv.second.since);
+}
+
+void Controller::AutotuneStep(const ResponseList& out) {
+  TunedParams next;
+  if (tuner_ && tuner_->Step(ReducedBytes(out), std::chrono::steady_clock::now(), &next)) {
+    params_pending_ = true;
+    pending_params_ = next;
+  }
 }
 
 ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool* ok,
@@ -189,7 +264,7 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
   return out;
 }
 
-void Controller::InspectStalls(const std::vector<RequestList>& lists, ResponseList* out) {
+void Controller::TrackPartialBits(const std::vector<RequestList>& lists) {
   using Clock = std::chrono::steady_clock;
   const auto now = Clock::now();
   const int size = static_cast<int>(lists.size());
@@ -204,6 +279,13 @@ void Controller::InspectStalls(const std::vector<RequestList>& lists, ResponseLi
     }
   }
   partial_bits_.swap(still);
+}
+
+void Controller::InspectStalls(const std::vector<RequestList>& lists, ResponseList* out) {
+  using Clock = std::chrono::steady_clock;
+  const auto now = Clock::now();
+  const int size = static_cast<int>(lists.size());
+  TrackPartialBits(lists);
   double age_s = std::chrono::duration<double>(now - last_stall_log_).count();
   if (age_s < stall_.check_s) return;
   std::string report;
@@ -449,6 +531,7 @@ void Controller::Apply(const ResponseList& list, std::vector<Response>* out) {
     cached_pending_.erase(p);
   }
   for (const auto& resp : list.responses) {
+    if (resp.type == OpType::kJoin) join_pending_ = false;  // every rank has joined
     out->push_back(resp);
     auto sig = sent_sigs_.find(resp.name);
     std::string signature = sig == sent_sigs_.end() ? std::string() : sig->second;

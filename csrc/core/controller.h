@@ -1,4 +1,12 @@
-// The controller runs one negotiation cycle per call, for one process set:
+// The controller runs one negotiation cycle per call, for one process set.
+//
+// Steady state (after the first full cycle): every rank sends one bit vector
+// (its pending cache hits, plus a "needs a full cycle" flag) to every other rank in
+// a single exchange (ControlPlane::Allgather), and each rank ANDs them itself: one
+// network hop, no coordinator. A full cycle runs instead whenever any rank sets the
+// flag: it has a request the cache cannot serve, a stale cache entry, a pending
+// join or shutdown, or (coordinator) an autotune setting or a stall report to send.
+// A full cycle:
 //   1. sort this rank's new requests into cache hits (a bit) and misses (full text);
 //   2. gather every rank's RequestList at the coordinator (rank 0);
 //   3. the coordinator ANDs ready bits, ORs invalid bits, matches full requests by
@@ -60,6 +68,13 @@ class Controller {
 
  private:
   void Classify(Request req, std::vector<uint64_t>* invalid);
+  // The steady-state exchange; *done is false when some rank needs a full cycle.
+  Status FastCycle(std::vector<Response>* responses, bool* done);
+  // Coordinator, after a steady-state exchange: timeline, stall watch, autotune.
+  void CoordinateFast(const std::vector<RequestList>& lists, const ResponseList& out);
+  // Stall inspector bookkeeping: which cache positions are set on some ranks only.
+  void TrackPartialBits(const std::vector<RequestList>& lists);
+  void AutotuneStep(const ResponseList& out);
   ResponseList Coordinate(const std::vector<RequestList>& lists, bool* ok, std::string* error);
   void Apply(const ResponseList& list, std::vector<Response>* out);
   void ApplyParams(const ResponseList& list);
@@ -93,6 +108,14 @@ class Controller {
   StallOptions stall_;
   std::map<int, std::chrono::steady_clock::time_point> partial_bits_;
   std::chrono::steady_clock::time_point last_stall_log_{};
+
+  bool fast_ok_ = false;       // a full cycle succeeded: capacities agree
+  bool join_pending_ = false;  // this rank asked to join and the join has not completed
+  std::vector<uint64_t> pending_invalid_;  // stale cache positions found since last cycle
+  bool params_pending_ = false;  // coordinator: autotune setting to send in a full cycle
+  TunedParams pending_params_;
+  bool stall_due_ = false;  // coordinator: a stall report is due (needs a full cycle)
+  bool fast_need_full_ = false;  // this cycle: this rank needs a full cycle
 
   Timeline* timeline_ = nullptr;
   std::map<int, std::vector<bool>> traced_bits_;  // cache position -> ranks seen ready

@@ -134,6 +134,16 @@ class MpiCommunicator : public Communicator {
     return Check(MPI_Bcast(&(*data)[0], static_cast<int>(len), MPI_BYTE, 0, comm_), "MPI_Bcast");
   }
 
+  Status Allgather(const std::string& mine, std::vector<std::string>* all) override {
+    const int n = static_cast<int>(mine.size());
+    std::string buf(static_cast<size_t>(n) * size_, '\0');
+    HVD_RETURN_IF_ERROR(Check(MPI_Allgather(mine.data(), n, MPI_BYTE, &buf[0], n, MPI_BYTE,
+                                            comm_), "MPI_Allgather"));
+    all->resize(size_);
+    for (int r = 0; r < size_; ++r) (*all)[r] = buf.substr(static_cast<size_t>(r) * n, n);
+    return Status::Ok();
+  }
+
   Status Allreduce(void* buf, size_t count, DataType dtype, ReduceOp op) override {
     if (size_ == 1 || count == 0) return Status::Ok();
     std::vector<size_t> counts(size_);

@@ -225,6 +225,15 @@ Status TcpTransport::Gather(const std::string& mine, std::vector<std::string>* a
   return Run(xs);
 }
 
+Status TcpTransport::Allgather(const std::string& mine, std::vector<std::string>* all) {
+  const size_t n = mine.size();
+  std::string buf(n * size_, '\0');
+  HVD_RETURN_IF_ERROR(Allgatherv(mine.data(), &buf[0], std::vector<size_t>(size_, n)));
+  all->resize(size_);
+  for (int r = 0; r < size_; ++r) (*all)[r] = buf.substr(r * n, n);
+  return Status::Ok();
+}
+
 Status TcpTransport::Bcast(std::string* data) {
   if (size_ == 1) return Status::Ok();
   if (rank_ == 0) {

@@ -38,6 +38,7 @@ class TcpTransport : public Communicator {
   int size() const override { return size_; }
   Status Gather(const std::string& mine, std::vector<std::string>* all) override;
   Status Bcast(std::string* data) override;
+  Status Allgather(const std::string& mine, std::vector<std::string>* all) override;
 
   Status Allreduce(void* buf, size_t count, DataType dtype, ReduceOp op) override;
   Status Allgatherv(const void* send, void* recv, const std::vector<size_t>& bytes) override;

@@ -30,6 +30,9 @@ class ControlPlane {
   virtual Status Gather(const std::string& mine, std::vector<std::string>* all) = 0;
   // Rank 0's *data reaches every rank.
   virtual Status Bcast(std::string* data) = 0;
+  // Every rank gets every rank's `mine` (indexed by rank) in one exchange; all
+  // ranks pass messages of the same length.
+  virtual Status Allgather(const std::string& mine, std::vector<std::string>* all) = 0;
 };
 
 class Collectives {
