@@ -191,6 +191,14 @@ def init(comm=None, process_sets=None) -> None:
             ops.reset_auto_names()
             ops._reset_process_sets()
     raise_for_status(code, message)
+    if use_mpi and comm is None and os.environ.get("OMPI_COMM_WORLD_SIZE", "").isdigit():
+        expected, actual = int(os.environ["OMPI_COMM_WORLD_SIZE"]), size()
+        if actual != expected:
+            shutdown()
+            raise ValueError(f"MPI reports {actual} process(es) but OMPI_COMM_WORLD_SIZE="
+                             f"{expected}: start the job with mpirun, or set "
+                             "HOROVOD_CONTROLLER=gloo to use the TCP transport with these "
+                             "variables (and MASTER_ADDR/MASTER_PORT)")
     if process_sets:
         from horovod_torch import ops
         for ps in process_sets:  # every rank registers the same sets in the same order

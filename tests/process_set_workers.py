@@ -213,3 +213,11 @@ def mpi4py_comm() -> None:
     assert got == (2.0 if world.Get_rank() % 2 == 0 else 4.0), got
     assert world.allreduce(1) == world.Get_size()  # the script's own MPI traffic
     h.shutdown()
+
+
+def mpi_world_probe() -> None:
+    """Prints how the job came up (horovodrun --mpi test)."""
+    hvd.init()
+    total = hvd.allreduce(torch.ones(1), op=hvd.Sum).item()
+    print(f"MPI WORLD size={hvd.size()} mpi={hvd.mpi_enabled()} sum={total}", flush=True)
+    hvd.shutdown()

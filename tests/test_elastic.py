@@ -66,8 +66,10 @@ def test_host_removed_job_continues_without_sync(tmp_path):
 
 
 def test_reset_limit_stops_a_job_that_keeps_failing(tmp_path):
+    # Enough steps that the replacement worker joins before rank 0 could finish alone.
     rc, out = _run(tmp_path, "localhost:2", {"KILL_RANK": "1", "KILL_STEP": "3",
-                                             "KILL_ALWAYS": "1"},
+                                             "KILL_ALWAYS": "1", "STEPS": "400",
+                                             "STEP_SLEEP": "0.05"},
                    ["-np", "2", "--min-np", "1", "--max-np", "2", "--reset-limit", "1",
                     "--blacklist-cooldown-range", "0.1", "0.3"], timeout=120)
     assert rc == 1, out

@@ -197,7 +197,7 @@ def test_help_is_fast_and_does_not_load_the_extension() -> None:
     (["-np", "1", "--start-timeout", "0", "true"], "timeout"),
     (["-np", "3", "-H", "localhost:2", "true"], "exceeds the 2 slot"),
     (["-np", "1", "-H", "remote-host.invalid:1", "true"],
-     "remote hosts need ssh, not supported yet"),
+     "cannot resolve host 'remote-host.invalid'"),
 ])
 def test_usage_errors_are_one_line(args: List[str], needle: str) -> None:
     result = _run(*args, timeout=60)

@@ -1,5 +1,6 @@
 """hvd.init() under other launchers: torchrun for real; SLURM's srun and OpenMPI's
-mpirun by the variables they set (neither is installed on the CI machine)."""
+mpirun by the variables they set, with the TCP transport (HOROVOD_CONTROLLER=gloo;
+tests/test_mpi.py runs real mpirun jobs over MPI)."""
 import os
 import re
 import socket
@@ -55,7 +56,8 @@ def test_slurm_and_openmpi_variables(launcher):
                          SLURM_LOCALID=str(r), SLURM_NODEID="0", SLURM_JOB_ID="42")
         else:
             extra = dict(OMPI_COMM_WORLD_RANK=str(r), OMPI_COMM_WORLD_SIZE="2",
-                         OMPI_COMM_WORLD_LOCAL_RANK=str(r), OMPI_COMM_WORLD_LOCAL_SIZE="2")
+                         OMPI_COMM_WORLD_LOCAL_RANK=str(r), OMPI_COMM_WORLD_LOCAL_SIZE="2",
+                         HOROVOD_CONTROLLER="gloo")
         env = _clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **extra)
         procs.append(subprocess.Popen([sys.executable, PROBE], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
@@ -72,3 +74,16 @@ def test_foreign_launcher_without_address_is_a_clear_error():
                          timeout=60)
     assert out.returncode != 0
     assert "MASTER_ADDR and MASTER_PORT" in out.stderr, out.stderr
+
+
+def test_openmpi_variables_without_mpirun_are_a_clear_error_over_mpi():
+    from horovod_torch import _C
+    if not _C.mpi_built():
+        pytest.skip("this build has no MPI")
+    env = _clean_env(OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_SIZE="2",
+                     OMPI_COMM_WORLD_LOCAL_RANK="0", OMPI_COMM_WORLD_LOCAL_SIZE="2")
+    out = subprocess.run([sys.executable, PROBE], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode != 0
+    assert "OMPI_COMM_WORLD_SIZE=2" in out.stderr and "HOROVOD_CONTROLLER=gloo" in out.stderr, \
+        out.stderr

@@ -61,3 +61,15 @@ def test_controller_env_is_validated():
 def test_init_with_an_mpi4py_communicator():
     pytest.importorskip("mpi4py")
     mpirun("tests.process_set_workers:mpi4py_comm", 4)
+
+
+def test_horovodrun_mpi():
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    out = subprocess.run(["horovodrun", "--mpi", "-np", "2",
+                          "--mpi-args", "--mca btl self,tcp --mca btl_tcp_if_include lo",
+                          sys.executable, "-m", "tests.run_worker",
+                          "tests.process_set_workers:mpi_world_probe"],
+                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, timeout=180)
+    assert out.returncode == 0, out.stdout[-4000:]
+    assert out.stdout.count("MPI WORLD size=2 mpi=True") == 2, out.stdout

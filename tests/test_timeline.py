@@ -95,3 +95,24 @@ def test_plot_timeline_example_renders_a_png(tmp_path):
     assert "wrote" in out.stdout and "7 tensors" in out.stdout, out.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert png.stat().st_size > 10_000
+
+
+def test_horovodrun_knob_flags_reach_the_workers(tmp_path):
+    timeline_path, log = tmp_path / "t.json", tmp_path / "autotune.csv"
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1",
+               HOROVOD_AUTOTUNE_WARMUP_SAMPLES="0", HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE="2",
+               HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES="3")
+    out = subprocess.run(["horovodrun", "-np", "2", "--timeline-filename", str(timeline_path),
+                          "--timeline-mark-cycles", "--autotune", "--autotune-log-file", str(log),
+                          "--fusion-threshold-mb", "2", "--log-hide-timestamp",
+                          "--log-level", "info",
+                          sys.executable, "-m", "tests.run_worker",
+                          "tests.observe_workers:autotune_run", "40"],
+                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, timeout=180)
+    assert out.returncode == 0, out.stdout[-4000:]
+    events = json.loads(timeline_path.read_text())
+    assert any(e.get("name") == "CYCLE_START" for e in events)
+    assert "best" in log.read_text()
+    assert re.search(r"\[horovod_torch info rank 0\] rank 0 of 2 ready: .*fusion threshold "
+                     r"2097152 bytes", out.stdout), out.stdout[-3000:]

@@ -2,9 +2,10 @@
 
 Every worker runs in its own session (hence its own process group), so a
 signal sent with ``os.killpg`` reaches the worker and anything it started.
-Process creation goes through a :class:`Spawner`; :class:`LocalSpawner`
-runs the command directly, and an ssh spawner for remote hosts can be added
-later without touching the supervision logic.
+Process creation goes through a :class:`Spawner`: :class:`HostSpawner` runs
+workers of local hosts directly (:class:`LocalSpawner`) and those of other
+hosts through ssh (:mod:`horovod_torch.runner.remote`); signals always go
+through :func:`signal_worker`, which knows both kinds.
 """
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from dataclasses import dataclass
 from typing import (IO, Callable, Dict, Iterator, List, Mapping, Optional,
                     Protocol, Sequence)
 
+from horovod_torch.runner import hosts
 from horovod_torch.runner.hosts import SlotInfo
+from horovod_torch.runner.remote import RemoteExec, RemoteProcess
 
 GRACE_PERIOD_S = 5.0
 """Time between forwarding SIGTERM/SIGINT and escalating to SIGKILL."""
@@ -69,6 +72,76 @@ class LocalSpawner:
             stdin=None if slot.rank == 0 else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True)
+
+
+MAX_CONNECTING_PER_HOST = 8
+"""Remote workers of one host whose ssh session may be starting at once: sshd
+refuses unauthenticated connections beyond ``MaxStartups`` (10 by default)."""
+CONNECTING_WAIT_S = 10.0
+
+
+class HostSpawner:
+    """Start workers of local hosts directly, those of other hosts with ``remote``.
+
+    Without ``remote`` every host must be local (``OSError`` otherwise). Each
+    remote worker is its own ssh session; at most MAX_CONNECTING_PER_HOST of one
+    host's sessions are started before earlier ones have answered, unless the
+    host has not answered for CONNECTING_WAIT_S (the start timeout deals with it).
+    """
+
+    def __init__(self, remote: Optional[RemoteExec] = None) -> None:
+        self.remote = remote
+        self._local = LocalSpawner()
+        self._connecting: Dict[str, List[RemoteProcess]] = {}
+        self._slow_hosts: set = set()
+
+    def spawn(self, slot: SlotInfo, command: Sequence[str],
+              env: Mapping[str, str]) -> "subprocess.Popen[bytes]":
+        """Start ``command`` for ``slot`` on its host."""
+        if hosts.is_local_host(slot.hostname):
+            return self._local.spawn(slot, command, env)
+        if self.remote is None:
+            raise OSError(f"host {slot.hostname} is not this machine and remote "
+                          "hosts are not enabled")
+        self._wait_for_room(slot.hostname)
+        proc = self.remote.spawn(slot.hostname, command, env)
+        self._connecting[slot.hostname].append(proc)
+        return proc
+
+    def _wait_for_room(self, host: str) -> None:
+        pending = self._connecting.setdefault(host, [])
+        deadline = time.monotonic() + CONNECTING_WAIT_S
+        while True:
+            pending[:] = [p for p in pending if waiting_to_start(p) and p.poll() is None]
+            if len(pending) < MAX_CONNECTING_PER_HOST or host in self._slow_hosts:
+                return
+            if time.monotonic() > deadline:
+                self._slow_hosts.add(host)
+                return
+            time.sleep(0.02)
+
+
+def signal_worker(proc: "subprocess.Popen[bytes]", signum: int) -> None:
+    """Send ``signum`` to a worker's process group, on this host or a remote one."""
+    if isinstance(proc, RemoteProcess):
+        proc.signal_worker(signum)
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signum)
+
+
+def waiting_to_start(proc: "subprocess.Popen[bytes]") -> bool:
+    """True for a remote worker whose host has not answered yet."""
+    return isinstance(proc, RemoteProcess) and not proc.started.is_set()
+
+
+def describe_start_failure(proc: "subprocess.Popen[bytes]") -> str:
+    """A note for a worker that exited before it ran: which host, and why."""
+    if not waiting_to_start(proc):
+        return ""
+    assert isinstance(proc, RemoteProcess)
+    return (f" before it could start on host {proc.host} (the remote-exec command "
+            f"failed; its error is above)")
 
 
 class OutputForwarder:
@@ -130,8 +203,7 @@ class Worker:
 
     def signal_group(self, signum: int) -> None:
         """Send ``signum`` to the worker's whole process group."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signum)
+        signal_worker(self.proc, signum)
 
 
 class Supervisor:
@@ -139,20 +211,23 @@ class Supervisor:
 
     ``run`` returns the exit code for ``horovodrun``: 0 when every worker
     succeeded, the first failing worker's code (128+signum when it was
-    killed by a signal), or 128+signum when horovodrun itself got a signal.
+    killed by a signal), 1 when a remote host did not answer within
+    ``start_timeout_s``, or 128+signum when horovodrun itself got a signal.
     """
 
     def __init__(self, jobs: Sequence[SlotInfo],
                  env_for: Callable[[SlotInfo], Dict[str, str]],
                  command: Sequence[str], spawner: Spawner,
                  forwarder: OutputForwarder,
-                 grace_s: float = GRACE_PERIOD_S) -> None:
+                 grace_s: float = GRACE_PERIOD_S,
+                 start_timeout_s: Optional[float] = None) -> None:
         self._jobs = list(jobs)
         self._env_for = env_for
         self._command = list(command)
         self._spawner = spawner
         self._forwarder = forwarder
         self._grace_s = grace_s
+        self._start_timeout_s = start_timeout_s
         self._workers: List[Worker] = []
         self._signals: List[int] = []
 
@@ -211,9 +286,16 @@ class Supervisor:
 
     def _supervise(self) -> int:
         finished = set()
+        start_deadline = (time.monotonic() + self._start_timeout_s
+                          if self._start_timeout_s else None)
         while True:
             if self._signals:
                 return self._shutdown_on_signal(self._signals[0])
+            if start_deadline is not None and time.monotonic() > start_deadline:
+                start_deadline = None
+                code = self._check_started()
+                if code is not None:
+                    return code
             for worker in self._workers:
                 if worker.rank in finished:
                     continue
@@ -227,12 +309,26 @@ class Supervisor:
                 return 0
             time.sleep(POLL_INTERVAL_S)
 
+    def _check_started(self) -> Optional[int]:
+        """After the start timeout: stop the job if a remote host never answered."""
+        late = [w for w in self._alive_workers() if waiting_to_start(w.proc)]
+        if not late:
+            return None
+        names = sorted({w.slot.hostname for w in late})
+        remote = self._spawner.remote if isinstance(self._spawner, HostSpawner) else None
+        check = f" (check with: {remote.describe(names[0])})" if remote else ""
+        log(f"could not start workers on host {', '.join(names)} within --start-timeout "
+            f"{self._start_timeout_s:g} s{check}; stopping the job")
+        self._terminate(self._alive_workers(), signal.SIGTERM)
+        return 1
+
     def _shutdown_on_failure(self, failed: Worker, returncode: int) -> int:
         code = exit_code(returncode)
         # Let the failed worker's last lines reach stdout before our message.
         failed.reader.join(READER_JOIN_TIMEOUT_S)
         others = [w for w in self._alive_workers() if w is not failed]
         message = f"rank {failed.rank} exited with code {code}"
+        message += describe_start_failure(failed.proc)
         if returncode < 0:
             message += f" (signal {signal_name(-returncode)})"
         if others:

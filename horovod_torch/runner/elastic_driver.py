@@ -2,7 +2,9 @@
 
 Every second it runs the host-discovery script (``host:slots`` lines). Hosts that
 resolve to this machine are started locally, so several "hosts" can be tested on
-one machine. On any change (a worker failed, a host appeared or vanished) it forms a
+one machine; other hosts through the launcher's remote-exec command (ssh), like
+static jobs. A remote host that does not answer within the start timeout counts
+as a failed host. On any change (a worker failed, a host appeared or vanished) it forms a
 new *generation*: an ordered list of workers with ranks, written to the store under
 ``elastic/`` (protocol: horovod_torch/elastic/worker.py). Survivors keep their
 relative order, so the new rank 0 is an old worker holding the training state.
@@ -11,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 import random
 import signal
 import subprocess
@@ -33,6 +34,7 @@ class _Worker:
     host: str
     proc: "subprocess.Popen[bytes]"
     reader: threading.Thread
+    started_at: float = 0.0
     rank: int = -1
     removed_at: Optional[float] = None
     done: bool = False
@@ -49,6 +51,7 @@ class ElasticOptions:
     cooldown: Optional[Tuple[float, float]] = None
     elastic_timeout: float = 600.0
     verbose: bool = False
+    start_timeout: float = 30.0
 
 
 def parse_discovery(output: str, default_slots: int) -> Dict[str, int]:
@@ -65,22 +68,40 @@ def parse_discovery(output: str, default_slots: int) -> Dict[str, int]:
     return found
 
 
+def discover_hosts(script: str, default_slots: int) -> Dict[str, int]:
+    """Runs the discovery script once; raises OSError/ValueError on failure."""
+    try:
+        out = subprocess.run([script], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        raise ValueError("the host discovery script ran longer than 30 s") from None
+    if out.returncode != 0:
+        raise ValueError(f"host discovery script exited with {out.returncode}: "
+                         f"{out.stderr.strip()[:200]}")
+    found = parse_discovery(out.stdout, default_slots)
+    for name in found:
+        hosts.check_hostname(name)
+    return found
+
+
 class ElasticDriver:
     def __init__(self, opts: ElasticOptions, store, command: Sequence[str],
                  env_for: Callable[[str, str, int], Dict[str, str]],
-                 forwarder: driver.OutputForwarder) -> None:
+                 forwarder: driver.OutputForwarder,
+                 spawner: Optional[driver.HostSpawner] = None) -> None:
         self._o = opts
         self._store = store
         self._command = list(command)
         self._env_for = env_for
         self._forwarder = forwarder
-        self._spawner = driver.LocalSpawner()
+        self._spawner = spawner or driver.HostSpawner()
+        self._refused: set = set()  # remote hosts refused (no remote exec), logged once
         self._workers: Dict[str, _Worker] = {}
         self._hosts: Dict[str, int] = {}
         self._blacklist: Dict[str, float] = {}  # host -> time it may be used again
         self._failures: Dict[str, int] = {}
         self._ids = itertools.count()
         self._gen = -1
+        self._members: List[str] = []  # worker ids of the last generation, in rank order
         self._resets = 0
         self._signal: Optional[int] = None
 
@@ -88,19 +109,18 @@ class ElasticDriver:
 
     def _discover(self) -> Optional[Dict[str, int]]:
         try:
-            out = subprocess.run([self._o.discovery_script], capture_output=True, text=True,
-                                 timeout=30)
-            if out.returncode != 0:
-                driver.log(f"host discovery script exited with {out.returncode}: "
-                           f"{out.stderr.strip()[:200]}")
-                return None
-            found = parse_discovery(out.stdout, self._o.slots)
-        except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
+            found = discover_hosts(self._o.discovery_script, self._o.slots)
+        except (OSError, ValueError) as exc:
             driver.log(f"host discovery failed: {exc}")
             return None
-        remote = [h for h in found if not hosts.is_local_host(h) and not h.startswith("127.")]
-        if remote:
-            driver.log(f"ignoring remote hosts (ssh is not supported yet): {','.join(remote)}")
+        if self._spawner.remote is None:
+            remote = [h for h in found if not hosts.is_local_host(h)]
+            new = [h for h in remote if h not in self._refused]
+            if new:
+                driver.log(f"ignoring remote hosts {','.join(new)}: the rendezvous store "
+                           "listens on 127.0.0.1 (the discovery script listed no remote "
+                           "host at start); pass --network-interface to allow them")
+                self._refused.update(new)
             for h in remote:
                 del found[h]
         return found
@@ -129,17 +149,32 @@ class ElasticDriver:
         wid = f"{host}/{next(self._ids)}"
         env = self._env_for(wid, host, len(self._workers))
         slot = hosts.SlotInfo(host, len(self._workers), 0, 0, 0, 0, 0)
-        proc = self._spawner.spawn(slot, self._command, env)
+        try:
+            proc = self._spawner.spawn(slot, self._command, env)
+        except OSError as exc:
+            driver.log(f"cannot start a worker on host {host}: {exc}")
+            # A stand-in that has failed, so the host is blacklisted like any other.
+            proc = subprocess.Popen(["false"], start_new_session=True)
         reader = threading.Thread(target=self._forwarder.pump,
                                   args=(len(self._workers), proc), daemon=True)
         reader.start()
-        w = _Worker(wid, host, proc, reader)
+        w = _Worker(wid, host, proc, reader, started_at=time.monotonic())
         self._workers[wid] = w
         return w
 
+    def _pending(self) -> List[_Worker]:
+        """Live workers on remote hosts that have not answered yet."""
+        return [w for w in self._live() if driver.waiting_to_start(w.proc)]
+
     def _publish(self, added: bool) -> None:
-        """Writes a new generation: survivors first (old rank order), then new ones."""
+        """Writes a new generation: survivors first (old rank order), then new ones.
+        Called only while no worker is pending: a generation never waits for a host
+        that may not be reachable."""
         live = sorted(self._live(), key=lambda w: (w.rank < 0, w.rank, w.worker_id))
+        members = [w.worker_id for w in live]
+        if members == self._members:
+            return  # e.g. a new host failed before it ever joined: nothing to tell
+        self._members = members
         self._gen += 1
         per_host: Dict[str, List[_Worker]] = {}
         for w in live:
@@ -191,15 +226,16 @@ class ElasticDriver:
                 return 1
             time.sleep(DISCOVERY_PERIOD_S)
         self._grow(self._o.num_proc)
-        self._publish(added=True)
         next_discovery = time.monotonic() + DISCOVERY_PERIOD_S
         waiting_since: Optional[float] = None
-        # A change stays pending until enough workers exist to publish it.
-        changed, added = False, False
+        # A change stays pending until enough workers exist to publish it, and every
+        # new remote worker's host has answered (or failed to, within the start timeout).
+        changed, added = True, True
         while True:
             if self._signal:
                 return 128 + self._signal
             time.sleep(POLL_S)
+            self._stop_unreachable()
             for w in list(self._workers.values()):
                 rc = w.proc.poll()
                 if rc is None or w.done:
@@ -211,15 +247,15 @@ class ElasticDriver:
                     w.done = True
                     continue
                 driver.log(f"worker {w.worker_id} (rank {w.rank}) exited with code "
-                           f"{driver.exit_code(rc)}; re-forming the job without it")
+                           f"{driver.exit_code(rc)}{driver.describe_start_failure(w.proc)}; "
+                           "re-forming the job without it")
                 del self._workers[w.worker_id]
                 self._blacklist_host(w.host)
                 changed = True
                 self._resets += 1
             finished = [w for w in self._workers.values() if w.done]
-            # Training is over once every assigned worker is done; workers started for
-            # a generation that never formed are stopped (in run()'s finally).
-            if finished and not [w for w in self._live() if w.rank >= 0]:
+            # Workers started for a generation that never formed are stopped in run().
+            if finished and self._training_over(finished):
                 return 0
             if self._o.reset_limit and self._resets > self._o.reset_limit:
                 driver.log(f"the job was reset {self._resets} times, more than --reset-limit "
@@ -236,9 +272,11 @@ class ElasticDriver:
                             changed = True
                 if len(self._live()) < self._o.max_np and self._grow(self._o.max_np):
                     changed = added = True
-            if changed and not finished:
+            if changed and not finished and not self._pending():
                 if len(self._live()) < self._o.min_np:
                     self._grow(self._o.max_np)
+                    if self._pending():
+                        continue
                 if len(self._live()) < self._o.min_np and self._all_hosts_blacklisted_for_good():
                     driver.log(f"every host has failed and is blacklisted "
                                f"({', '.join(self._hosts)}); fewer than --min-np "
@@ -256,6 +294,23 @@ class ElasticDriver:
                 changed, added = False, False
             self._reap_removed()
 
+    def _training_over(self, finished: List[_Worker]) -> bool:
+        """Training is over once every assigned worker is done, or once a worker
+        finished without reaching the latest generation's rendezvous: it ended the
+        training in an older generation (a host was added just as training ended),
+        so the latest one can never form and its new workers would wait forever."""
+        if not [w for w in self._live() if w.rank >= 0]:
+            return True
+        if len(self._members) < 2:
+            return False
+        for w in finished:
+            if (w.worker_id in self._members and self._store.get(
+                    f"elastic/{self._gen}/addr/{self._members.index(w.worker_id)}") is None):
+                driver.log(f"worker {w.worker_id} finished the training before generation "
+                           f"{self._gen} formed; stopping the workers that wait for it")
+                return True
+        return False
+
     def _blacklist_host(self, host: str) -> None:
         """Without --blacklist-cooldown-range a failed host is never used again; with
         it, for a random LO..HI seconds, doubled for each further failure (capped at
@@ -271,6 +326,22 @@ class ElasticDriver:
     def _all_hosts_blacklisted_for_good(self) -> bool:
         return bool(self._hosts) and all(self._blacklist.get(h) == float("inf")
                                          for h in self._hosts)
+
+    def _stop_unreachable(self) -> None:
+        """Stops remote workers whose host has not answered within the start timeout
+        and blacklists the host. They were never part of a generation (see _publish),
+        so the job itself is unchanged."""
+        now = time.monotonic()
+        for w in list(self._workers.values()):
+            if (driver.waiting_to_start(w.proc) and w.proc.poll() is None
+                    and now - w.started_at > self._o.start_timeout):
+                driver.log(f"host {w.host} did not answer within --start-timeout "
+                           f"{self._o.start_timeout:g} s; blacklisting it")
+                with_suppress_kill(w.proc)
+                w.proc.wait()
+                w.reader.join(timeout=driver.READER_JOIN_TIMEOUT_S)
+                del self._workers[w.worker_id]
+                self._blacklist_host(w.host)
 
     def _reap_removed(self) -> None:
         now = time.monotonic()
@@ -304,7 +375,6 @@ class ElasticDriver:
 
 
 def with_suppress_kill(proc: "subprocess.Popen[bytes]", signum: int = signal.SIGKILL) -> None:
-    """Signals the worker's process group if it is still running."""
+    """Signals the worker's process group (local or remote) if it is still running."""
     if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signum)
+        driver.signal_worker(proc, signum)

@@ -1,4 +1,4 @@
-"""Host list parsing, locality checks and rank assignment for ``horovodrun``.
+"""Host lists (``-H``, ``--hostfile``), locality checks and rank assignment.
 
 Rank assignment follows Horovod's static-mode semantics: hosts are filled
 in the order given, each host taking as many ranks as it has slots until
@@ -11,10 +11,13 @@ in the order given, each host taking as many ranks as it has slots until
 """
 from __future__ import annotations
 
+import functools
 import ipaddress
 import socket
 from dataclasses import dataclass
 from typing import Dict, List, Sequence, Tuple
+
+from horovod_torch.runner import network
 
 _LOCAL_NAMES = frozenset(
     {"localhost", "localhost.localdomain", "ip6-localhost"})
@@ -81,7 +84,25 @@ def _parse_entry(item: str) -> HostInfo:
     host, sep, slots_text = item.partition(":")
     if not host:
         raise ValueError(f"missing host name in host entry {item!r}")
+    check_hostname(host)
     return HostInfo(host, _parse_slots(slots_text, item) if sep else 1)
+
+
+def check_hostname(host: str) -> str:
+    """Reject names ssh would read as an option, or that hold blanks; returns host."""
+    if host.startswith("-") or any(c.isspace() for c in host) or not host:
+        raise ValueError(f"invalid host name {host!r}")
+    return host
+
+
+def _unique(hosts: List[HostInfo]) -> List[HostInfo]:
+    seen = set()
+    for host in hosts:
+        key = host.hostname.lower()
+        if key in seen:
+            raise ValueError(f"host {host.hostname!r} listed more than once")
+        seen.add(key)
+    return hosts
 
 
 def parse_hosts(spec: str) -> List[HostInfo]:
@@ -91,36 +112,63 @@ def parse_hosts(spec: str) -> List[HostInfo]:
     one-line message on malformed input or a repeated host name.
     """
     hosts: List[HostInfo] = []
-    seen = set()
     for raw in spec.split(","):
         item = raw.strip()
         if not item:
             raise ValueError(f"empty entry in host list {spec!r}")
-        host = _parse_entry(item)
-        key = host.hostname.lower()
-        if key in seen:
-            raise ValueError(f"host {host.hostname!r} listed more than once")
-        seen.add(key)
-        hosts.append(host)
-    return hosts
+        hosts.append(_parse_entry(item))
+    return _unique(hosts)
 
 
+def parse_hostfile(text: str, path: str = "hostfile") -> List[HostInfo]:
+    """Parse a ``--hostfile``: one host a line, as ``host slots=N``, ``host:N`` or
+    ``host`` (one slot); ``#`` starts a comment, blank lines are skipped."""
+    hosts: List[HostInfo] = []
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        where = f"{path}:{lineno}"
+        fields = line.split()
+        try:
+            if len(fields) == 1:
+                hosts.append(_parse_entry(fields[0]))
+                continue
+            key, sep, value = fields[1].partition("=")
+            if len(fields) != 2 or key != "slots" or not sep or ":" in fields[0]:
+                raise ValueError(f"expected 'host slots=N' or 'host:N', got {line!r}")
+            hosts.append(HostInfo(check_hostname(fields[0]), _parse_slots(value, line)))
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+    if not hosts:
+        raise ValueError(f"{path} lists no hosts")
+    return _unique(hosts)
+
+
+@functools.lru_cache(maxsize=1024)
 def is_local_host(hostname: str) -> bool:
     """Return True if ``hostname`` names this machine.
 
     Accepted: ``localhost``, any loopback address (``127.x.y.z``, ``::1``),
-    ``socket.gethostname()`` and its fully qualified name.
+    ``socket.gethostname()`` and its fully qualified name, any address of
+    one of this machine's interfaces and any name that resolves to one.
     """
     name = hostname.strip().lower()
     if name in _LOCAL_NAMES:
         return True
     try:
-        if ipaddress.ip_address(name).is_loopback:
-            return True
+        ip = ipaddress.ip_address(name)
+        return ip.is_loopback or network.is_own_address(name)
     except ValueError:
         pass
     own = socket.gethostname().lower()
     if name == own or name == own.split(".")[0]:
+        return True
+    try:
+        infos = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        infos = []
+    if any(network.is_own_address(str(info[4][0])) for info in infos):
         return True
     # getfqdn() may consult DNS, so it is only tried as a last resort.
     return name == socket.getfqdn().lower()

@@ -1,0 +1,124 @@
+"""Which address the rendezvous store listens on, so that every worker can reach it.
+
+The store is the one address all workers dial; the C++ TCP mesh then listens on
+the local address each worker used to reach the store, so mesh traffic follows
+the store's interface without further configuration. The choice, in order:
+
+1. ``--network-interface/--nics IFACE[,IFACE]``: the IPv4 address of the first
+   listed interface that has one (every name must exist);
+2. remote hosts in the job: the source address of this machine's route to the
+   first remote host (the address that host sees us connect from);
+3. only local hosts: ``127.0.0.1``.
+
+Only the standard library is used (no torch, no extension).
+"""
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import socket
+import struct
+from typing import List, Optional, Sequence
+
+LOOPBACK = "127.0.0.1"
+_SIOCGIFADDR = 0x8915  # Linux ioctl: primary IPv4 address of an interface
+
+
+def interface_names() -> List[str]:
+    """Names of this machine's network interfaces, in kernel index order."""
+    return [name for _, name in socket.if_nameindex()]
+
+
+def interface_ipv4(name: str) -> Optional[str]:
+    """The primary IPv4 address of interface ``name``, or None if it has none."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            req = struct.pack("256s", name.encode()[:15])
+            res = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, req)
+        except OSError:
+            return None
+    return socket.inet_ntoa(res[20:24])
+
+
+def parse_nics(spec: str) -> List[str]:
+    """Split ``--nics eth0,eth1`` into names; raises ValueError naming what exists."""
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    if not names:
+        raise ValueError(f"no interface name in --network-interface {spec!r}")
+    existing = interface_names()
+    missing = [n for n in names if n not in existing]
+    if missing:
+        raise ValueError(f"network interface {', '.join(map(repr, missing))} does not exist "
+                         f"on this machine (it has: {', '.join(existing)})")
+    return names
+
+
+def resolve_ipv4(host: str) -> str:
+    """The first IPv4 address of ``host`` (``user@`` ignored); raises ValueError
+    if it has none."""
+    host = host.rpartition("@")[2]
+    try:
+        return str(ipaddress.IPv4Address(host))
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ValueError(f"cannot resolve host {host!r}: {exc.strerror}") from None
+    return str(infos[0][4][0])
+
+
+def route_source(host: str) -> str:
+    """The local IPv4 address this machine uses to reach ``host``.
+
+    A connected UDP socket sends nothing; the kernel just picks the route.
+    """
+    addr = resolve_ipv4(host)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((addr, 9))
+        except OSError as exc:
+            raise ValueError(f"no route to host {host!r} ({addr}): {exc.strerror}") from None
+        return str(s.getsockname()[0])
+
+
+def is_own_address(addr: str) -> bool:
+    """True if IPv4 address ``addr`` belongs to this machine (any interface).
+
+    The kernel routes a packet for one of our own addresses through the local
+    table and gives that same address as the source.
+    """
+    try:
+        ip = ipaddress.IPv4Address(addr)
+    except ValueError:
+        return False
+    if ip.is_loopback:
+        return True
+    if ip.is_unspecified or ip.is_multicast:
+        return False
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((addr, 9))
+        except OSError:
+            return False
+        return s.getsockname()[0] == addr
+
+
+def store_address(nics: Optional[Sequence[str]], remote_hosts: Sequence[str]) -> str:
+    """Address the rendezvous store binds to (see the module docstring).
+
+    Raises ValueError with a one-line message when no usable address exists.
+    """
+    if nics:
+        for name in nics:
+            addr = interface_ipv4(name)
+            if addr:
+                return addr
+        raise ValueError(f"network interface {', '.join(nics)} has no IPv4 address")
+    if remote_hosts:
+        try:
+            return route_source(remote_hosts[0])
+        except ValueError as exc:
+            raise ValueError(f"{exc}; cannot choose an address the workers can reach the "
+                             "rendezvous store at (pass --network-interface)") from None
+    return LOOPBACK
