@@ -146,6 +146,15 @@ std::string LocalAddress(const Socket& s) {
   return buf;
 }
 
+std::string PeerAddress(const Socket& s) {
+  sockaddr_in addr{};
+  socklen_t len = sizeof(addr);
+  if (::getpeername(s.fd(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "unknown";
+  char buf[INET_ADDRSTRLEN];
+  ::inet_ntop(AF_INET, &addr.sin_addr, buf, sizeof(buf));
+  return std::string(buf) + ":" + std::to_string(ntohs(addr.sin_port));
+}
+
 Status SendAll(int fd, const void* buf, size_t len, double timeout_s) {
   auto deadline = Deadline(timeout_s);
   const char* p = static_cast<const char*>(buf);

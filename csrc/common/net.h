@@ -42,6 +42,8 @@ Status Accept(const Socket& listener, double timeout_s, Socket* out);
 Status Connect(const std::string& host, int port, double timeout_s, Socket* out);
 // The local address of a connected socket, as a numeric host string.
 std::string LocalAddress(const Socket& s);
+// "ip:port" of the other end of a connected socket ("unknown" if it cannot tell).
+std::string PeerAddress(const Socket& s);
 
 Status SendAll(int fd, const void* buf, size_t len, double timeout_s);
 Status RecvAll(int fd, void* buf, size_t len, double timeout_s);

@@ -3,7 +3,9 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <system_error>
 
+#include "common/logging.h"
 #include "wire/codec.h"
 
 namespace hvd {
@@ -73,7 +75,14 @@ void StoreServer::AcceptLoop() {
     if (stopping_) break;
     uint64_t id = next_id_++;
     conns_[id] = conn;
-    conn_threads_[id] = std::thread([this, id, conn] { Serve(id, conn); });
+    try {
+      conn_threads_[id] = std::thread([this, id, conn] { Serve(id, conn); });
+    } catch (const std::system_error&) {  // out of threads: refuse this client, keep serving
+      HVD_LOG(kWarning) << "rendezvous store: cannot start a thread for a new connection; "
+                           "refusing it";
+      conns_.erase(id);
+      conn_threads_.erase(id);
+    }
   }
 }
 
@@ -83,6 +92,9 @@ void StoreServer::Serve(uint64_t id, std::shared_ptr<Socket> conn) {
     while (!stopping_ && RecvFrame(conn->fd(), &request, kForever).ok()) {
       if (!SendFrame(conn->fd(), Handle(request), kHandshakeTimeout).ok()) break;
     }
+  } else if (!stopping_) {
+    HVD_LOG(kWarning) << "rendezvous store: rejected a connection that failed the "
+                         "job-secret handshake (from " << PeerAddress(*conn) << ")";
   }
   // Forget the connection under the lock (so Stop() never touches a closed fd),
   // then close it when the last reference goes.

@@ -4,6 +4,9 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -60,25 +63,66 @@ Status TcpTransport::Create(StoreClient* store, const std::string& prefix, int r
     HVD_RETURN_IF_ERROR(ClientHandshake(s.fd(), secret, std::to_string(rank), timeout));
     (*t->sockets_)[peer] = std::move(s);
   }
-  for (int accepted = 0; accepted < size - 1 - rank;) {
-    Socket s;
-    Status st = Accept(listener, timeout, &s);
-    if (!st.ok()) {
-      return Status::Aborted("not every higher rank connected within " +
-                             std::to_string(timeout) + " s: " + st.message());
-    }
+  // Higher ranks connect to us. Each accepted connection is authenticated on its
+  // own thread, so a client that connects and stays silent (or is slow) cannot hold
+  // up the real peers queued behind it; one overall deadline bounds the wait.
+  struct Handshake {
+    Socket sock;
     std::string tag;
-    if (!ServerHandshake(s.fd(), secret, timeout, &tag).ok()) {
-      HVD_LOG(kWarning) << "rejected a connection that failed the job-secret handshake";
-      continue;
+    Status status;
+    std::atomic<bool> done{false};
+    std::thread thread;
+  };
+  std::vector<std::unique_ptr<Handshake>> shakes;
+  auto stop_all = [&shakes] {
+    for (auto& h : shakes) {
+      h->sock.Shutdown();  // wakes a handshake blocked on a silent client
+      if (h->thread.joinable()) h->thread.join();
     }
-    int peer = std::atoi(tag.c_str());
-    if (peer <= rank || peer >= size || (*t->sockets_)[peer].valid()) {
-      return Status::Aborted("unexpected hello '" + tag + "' during connection set-up");
+  };
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000));
+  for (int accepted = 0; accepted < size - 1 - rank;) {
+    double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now())
+                      .count();
+    if (left <= 0) {
+      stop_all();
+      return Status::Aborted("not every higher rank connected within " +
+                             std::to_string(timeout) + " s (HOROVOD_START_TIMEOUT)");
     }
-    (*t->sockets_)[peer] = std::move(s);
-    ++accepted;
+    Socket s;
+    if (Accept(listener, std::min(left, 0.05), &s).ok()) {
+      auto h = std::make_unique<Handshake>();
+      h->sock = std::move(s);
+      Handshake* raw = h.get();
+      raw->thread = std::thread([raw, secret, left] {
+        raw->status = ServerHandshake(raw->sock.fd(), secret, left, &raw->tag);
+        raw->done = true;
+      });
+      shakes.push_back(std::move(h));
+    }
+    for (auto it = shakes.begin(); it != shakes.end();) {
+      Handshake& h = **it;
+      if (!h.done) {
+        ++it;
+        continue;
+      }
+      h.thread.join();
+      if (!h.status.ok()) {
+        HVD_LOG(kWarning) << "rejected a connection that failed the job-secret handshake";
+      } else {
+        int peer = std::atoi(h.tag.c_str());
+        if (peer <= rank || peer >= size || (*t->sockets_)[peer].valid()) {
+          stop_all();
+          return Status::Aborted("unexpected hello '" + h.tag + "' during connection set-up");
+        }
+        (*t->sockets_)[peer] = std::move(h.sock);
+        ++accepted;
+      }
+      it = shakes.erase(it);
+    }
   }
+  stop_all();  // connections still handshaking are not peers we need
   for (int p = 0; p < size; ++p) {
     if (p != rank) TuneForData((*t->sockets_)[p].fd());
   }
