@@ -160,8 +160,12 @@ def init(comm=None, process_sets=None) -> None:
     """
     global _init_count, _atexit_registered
     use_mpi = _use_mpi(comm)
+    if process_sets == "dynamic":  # Horovod's spelling for HOROVOD_DYNAMIC_PROCESS_SETS=1
+        os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"
+        process_sets = None
     if process_sets is not None and not isinstance(process_sets, (list, tuple)):
-        raise ValueError("process_sets must be a list of hvd.ProcessSet (or of rank lists)")
+        raise ValueError("process_sets must be a list of hvd.ProcessSet (or of rank lists), "
+                         "or \"dynamic\"")
     with _lock:
         if _C.world() is not None:
             return

@@ -5,7 +5,8 @@ from typing import Any, List, Optional
 
 import torch
 
-from horovod_torch.ops import (_ps_id, _set_rank, allgather, broadcast_, broadcast_async_,
+from horovod_torch.basics import rank
+from horovod_torch.ops import (_ps_id, allgather, broadcast_, broadcast_async_,
                                global_process_set, synchronize)
 
 
@@ -23,7 +24,8 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
                      process_set=global_process_set) -> Any:
     """Returns root_rank's `obj` on every rank (any picklable object)."""
     name = name or type(obj).__name__
-    is_root = _set_rank(_ps_id(process_set)) == root_rank
+    _ps_id(process_set)  # a registered set this rank belongs to
+    is_root = rank() == root_rank  # a global rank, as in Horovod
     payload = _to_bytes_tensor(obj) if is_root else torch.empty(0, dtype=torch.uint8)
     length = torch.tensor([payload.numel()], dtype=torch.int64)
     broadcast_(length, root_rank, name=f"broadcast_object.{name}.len", process_set=process_set)
@@ -59,8 +61,11 @@ def broadcast_parameters(params, root_rank: int = 0, process_set=global_process_
         items = sorted(params.items())
     else:
         items = list(params)
-        if items and not (isinstance(items[0], tuple) and len(items[0]) == 2):
-            raise ValueError("broadcast_parameters expects a state_dict or (name, tensor) pairs")
+        if all(isinstance(p, torch.Tensor) for p in items):  # model.parameters()
+            items = [(f"param.{i}", p) for i, p in enumerate(items)]
+        elif not all(isinstance(p, tuple) and len(p) == 2 for p in items):
+            raise ValueError("broadcast_parameters expects a state_dict, (name, tensor) pairs "
+                             "or a list of tensors")
     handles = []
     for name, p in items:
         if p is None:
@@ -80,7 +85,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     initialised or not) equal to root_rank's."""
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
-    is_root = _set_rank(_ps_id(process_set)) == root_rank
+    is_root = rank() == root_rank
     state = optimizer.state_dict() if is_root else None
     state = broadcast_object(state, root_rank, name="optimizer_state", process_set=process_set)
     if not is_root:

@@ -24,10 +24,9 @@ class ProcessSet:
 
     Create it from a list of ranks, then register it on every rank with
     ``hvd.init(process_sets=[...])`` or ``hvd.add_process_set()`` (which sets its
-    ``process_set_id``), and pass it as ``process_set=`` to collectives. Within a set,
-    ranks are numbered by their position in ``ranks`` (``ps.rank()``), which is what
-    ``root_rank`` and alltoall ``splits`` refer to. ``hvd.global_process_set`` holds
-    every rank and has id 0.
+    ``process_set_id``), and pass it as ``process_set=`` to collectives. ``root_rank``
+    stays a global rank; alltoall ``splits`` and allgather results follow the set's
+    rank order (``ps.rank()``). ``hvd.global_process_set`` holds every rank and has id 0.
     """
 
     def __init__(self, ranks_or_comm: Sequence[int]):
@@ -135,6 +134,10 @@ def reset_auto_names() -> None:
         _counters.clear()
 
 
+_OPS = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max",
+        Product: "Product"}
+
+
 def _resolve_op(op: Optional[int], average: Optional[bool]) -> int:
     if average is not None:
         warnings.warn("Parameter `average` has been replaced with `op` and will be removed",
@@ -142,7 +145,12 @@ def _resolve_op(op: Optional[int], average: Optional[bool]) -> int:
         if op is not None:
             raise ValueError("op and average cannot both be given")
         return Average if average else Sum
-    return Average if op is None else op
+    if op is None:
+        return Average
+    if isinstance(op, bool) or op not in _OPS:
+        raise ValueError(f"op={op!r} is not a reduction op; use one of "
+                         + ", ".join(f"hvd.{n}" for n in _OPS.values()))
+    return op
 
 
 def _submit(kind: int, inputs: List[torch.Tensor], outputs: List[Optional[torch.Tensor]],
@@ -271,7 +279,7 @@ def _group_names(kind: str, name: Optional[str], n: int, psid: int = 0) -> List[
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                            postscale_factor=1.0, process_set=global_process_set) -> List[int]:
+                            postscale_factor=1.0, process_set=global_process_set) -> "GroupHandle":
     """Starts an allreduce of every tensor as one atomic group; returns handles."""
     psid = _ps_id(process_set)
     op = _resolve_op(op, average)
@@ -282,14 +290,43 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                             postscale_factor=1.0, process_set=global_process_set) -> List[int]:
+                             postscale_factor=1.0, process_set=global_process_set) -> "GroupHandle":
     psid = _ps_id(process_set)
     op = _resolve_op(op, average)
     return _grouped(_C.OP_ALLREDUCE, "grouped_allreduce", list(tensors), list(tensors), name,
                     op, prescale_factor, postscale_factor, psid)
 
 
+class GroupHandle:
+    """The one handle of a grouped op (as in Horovod): ``hvd.synchronize(handle)``
+    returns the list of outputs and ``hvd.poll(handle)`` is True when all are done.
+    It also iterates over the per-tensor handles."""
+
+    def __init__(self, handles):
+        self.handles = list(handles)
+
+    def poll(self) -> bool:
+        return all(poll(h) for h in self.handles)
+
+    def synchronize(self) -> list:
+        return [synchronize(h) for h in self.handles]
+
+    def __iter__(self):
+        return iter(self.handles)
+
+    def __len__(self) -> int:
+        return len(self.handles)
+
+    def __getitem__(self, i):
+        return self.handles[i]
+
+
 def _grouped(kind, kind_name, tensors, outputs, name, op, pre, post, psid=0):
+    return GroupHandle(_grouped_handles(kind, kind_name, tensors, outputs, name, op, pre, post,
+                                        psid))
+
+
+def _grouped_handles(kind, kind_name, tensors, outputs, name, op, pre, post, psid=0):
     if not tensors:
         return []
     if op == Adasum:
@@ -352,14 +389,14 @@ def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor
     return HorovodAllgather.apply(tensor, name, process_set)
 
 
-def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> List[int]:
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> "GroupHandle":
     psid = _ps_id(process_set)
     tensors = [_contig(t) for t in tensors]
     if not tensors:
-        return []
-    return _submit(_C.OP_ALLGATHER, tensors, [None] * len(tensors),
-                   _group_names("grouped_allgather", name, len(tensors), psid), grouped=True,
-                   psid=psid)
+        return GroupHandle([])
+    return GroupHandle(_submit(_C.OP_ALLGATHER, tensors, [None] * len(tensors),
+                               _group_names("grouped_allgather", name, len(tensors), psid),
+                               grouped=True, psid=psid))
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
@@ -368,9 +405,20 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 
 # ---------------------------------------------------------------- broadcast
 
+def _set_root(root_rank: int, psid: int) -> int:
+    """root_rank is a global rank (as in Horovod); the engine wants its index in the set."""
+    if psid == 0:
+        return root_rank
+    ranks = _registry[psid].ranks
+    if root_rank not in ranks:
+        raise ValueError(f"root_rank {root_rank} is not in {_registry[psid]!r}; give the "
+                         "global rank of one of its members")
+    return ranks.index(root_rank)
+
+
 def _broadcast_async(tensor, output, root_rank, name, psid):
     return _submit(_C.OP_BROADCAST, [tensor], [output], [_auto_name("broadcast", name, psid)],
-                   root=root_rank, psid=psid)[0]
+                   root=_set_root(root_rank, psid), psid=psid)[0]
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> int:
@@ -400,7 +448,7 @@ class HorovodBroadcast(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         grad = synchronize(allreduce_async(grad_output, op=Sum, process_set=ctx.ps))
-        if _set_rank(_ps_id(ctx.ps)) != ctx.root_rank:
+        if rank() != ctx.root_rank:
             grad = grad * 0
         return grad, None, None, None
 
@@ -612,6 +660,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
 
 def _reset_process_sets() -> None:
     """After init(): only the global set is registered."""
+    global_process_set.ranks = list(range(size()))
     for psid, ps in list(_registry.items()):
         if psid != 0:
             ps.invalidate()

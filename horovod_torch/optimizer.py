@@ -13,6 +13,8 @@ from horovod_torch.ops import (allreduce_async_, global_process_set, grouped_all
                                synchronize)
 
 
+_SPARSE = object()  # handle context of a sparse gradient (sparse_allreduce_async)
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     """Mixed into a subclass of the user's optimizer class (see DistributedOptimizer)."""
 
@@ -78,12 +80,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _make_hook(self):
         def hook(p: torch.Tensor) -> None:
             if p in self._handles and self._handles[p][0] is not None:
-                if self.backward_passes_per_step == 1:
-                    raise AssertionError(
-                        "Gradients were computed more than backward_passes_per_step times "
-                        "before optimizer.step() or synchronize(); raise "
-                        "backward_passes_per_step to accumulate gradients locally")
-                return
+                # The allreduce of this gradient is in flight: another backward pass
+                # would add into it and make ranks disagree.
+                raise AssertionError(
+                    "Gradients were computed more than backward_passes_per_step "
+                    f"({self.backward_passes_per_step}) times before optimizer.step() or "
+                    "synchronize(); raise backward_passes_per_step to accumulate gradients "
+                    "locally")
             passes = self._passes.get(p, 0) + 1
             self._passes[p] = passes
             if passes < self.backward_passes_per_step:
@@ -101,10 +104,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         grad = p.grad
-        if grad.is_sparse:
-            if not self._sparse_as_dense:
-                raise ValueError(f"parameter '{self._parameter_names.get(p)}' has a sparse "
-                                 "gradient; pass sparse_as_dense=True")
+        if grad.is_sparse:  # sparse_as_dense=True (else _start allgathers it)
             grad = grad.to_dense()
             p.grad = grad
         compressed, ctx = self._compression.compress(grad)
@@ -114,6 +114,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _start(self, p: torch.Tensor) -> None:
         op, pre, post = self._scales()
+        if p.grad is not None and p.grad.is_sparse and not self._sparse_as_dense:
+            # As in Horovod: sparse gradients are allgathered (indices and values).
+            if p in self._groups:
+                raise ValueError(f"parameter '{self._parameter_names.get(p)}' has a sparse "
+                                 "gradient and cannot be in a group; pass "
+                                 "sparse_as_dense=True or leave it out of groups")
+            from horovod_torch.sparse import sparse_allreduce_async
+            h = sparse_allreduce_async(p.grad, name=self._wire_names[p],
+                                       op=Sum if self._op == Sum else Average,
+                                       process_set=self._process_set)
+            self._handles[p] = (h, _SPARSE, None)
+            return
         if p in self._groups:
             gi = self._groups[p]
             ready = self._group_ready.setdefault(gi, set())
@@ -151,6 +163,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 if h is None:  # group member whose group is incomplete: cannot happen now
                     raise AssertionError("internal: incomplete gradient group after synchronize")
                 out = synchronize(h)
+                if ctx is _SPARSE:
+                    p.grad = out
+                    continue
                 result = self._compression.decompress(out, ctx)
                 if result.data_ptr() != p.grad.data_ptr():
                     p.grad.copy_(result.view_as(p.grad))

@@ -49,11 +49,11 @@ def static_sets() -> None:
     g = hvd.allgather(torch.full((r + 1, 2), float(r)), process_set=mine)
     want = torch.cat([torch.full((m + 1, 2), float(m)) for m in members])
     assert torch.equal(g, want), g
-    # broadcast: root_rank is a rank within the set (1 = the second member).
-    b = hvd.broadcast(torch.tensor([float(r)]), root_rank=1, process_set=mine)
+    # broadcast: root_rank is a global rank (as in Horovod) and must be a member.
+    b = hvd.broadcast(torch.tensor([float(r)]), root_rank=members[1], process_set=mine)
     assert b.item() == members[1]
-    _expect(ValueError, lambda: hvd.broadcast(torch.zeros(1), root_rank=2, process_set=mine),
-            "out of range [0, 2)")
+    _expect(ValueError, lambda: hvd.broadcast(torch.zeros(1), root_rank=other.ranks[0],
+                                              process_set=mine), "is not in")
     # alltoall: one split per set member.
     me = mine.rank()
     out, rsplits = hvd.alltoall(torch.tensor([float(r), float(r) + 0.5, float(r) + 0.25]),
@@ -85,14 +85,14 @@ def static_sets() -> None:
                                                process_set=mine),
             "Mismatched tensor shapes", "rank 0 has [2]", "rank 1 has [3]")
     # Objects, parameters and optimizer state within a set.
-    obj = hvd.broadcast_object({"from": r}, root_rank=0, process_set=mine)
+    obj = hvd.broadcast_object({"from": r}, root_rank=members[0], process_set=mine)
     assert obj == {"from": members[0]}
     assert hvd.allgather_object(r, process_set=mine) == members
     # DistributedOptimizer per set: each set trains on its own data; parameters agree
     # within a set and differ between sets.
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0, process_set=mine)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=members[0], process_set=mine)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                    named_parameters=model.named_parameters(), process_set=mine)
     torch.manual_seed(100 + r)

@@ -232,6 +232,11 @@ Status Runtime::CheckLocal(const Submission& s, const std::vector<int>* set_rank
                                    ".contiguous() first or use the out-of-place variant");
   }
   bool reduces = r.type == OpType::kAllreduce || r.type == OpType::kReducescatter;
+  if (reduces && static_cast<int>(r.op) > static_cast<int>(ReduceOp::kProduct)) {
+    return Status::InvalidArgument(std::string(op) + " of '" + r.name + "': op " +
+                                   std::to_string(static_cast<int>(r.op)) +
+                                   " is not a reduction op (Average, Sum, Min, Max, Product)");
+  }
   if (reduces && r.op == ReduceOp::kAdasum) {
     return Status::InvalidArgument(std::string(op) + " of '" + r.name +
                                    "': op=Adasum is not supported by this engine yet; use Sum or "

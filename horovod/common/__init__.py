@@ -1,0 +1,1 @@
+"""``horovod.common`` for scripts written against Horovod: the exceptions they import."""

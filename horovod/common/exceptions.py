@@ -1,0 +1,2 @@
+"""``horovod.common.exceptions``: Horovod's exception types, which are horovod_torch's."""
+from horovod_torch.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
