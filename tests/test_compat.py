@@ -30,9 +30,11 @@ def _env() -> Dict[str, str]:
 
 
 def _collect(*extra: str) -> List[str]:
-    """Node ids pytest collects from tests/compat (no launcher needed to collect)."""
+    """Node ids pytest collects from tests/compat (HOROVOD_RANK set, as under the
+    launcher, so tests/conftest.py collects the suite; collecting starts no job)."""
     proc = subprocess.run([sys.executable, "-m", "pytest", "tests/compat", "--collect-only",
-                           "-q", "-p", "no:cacheprovider", *extra], cwd=REPO, env=_env(),
+                           "-q", "-p", "no:cacheprovider", *extra], cwd=REPO,
+                          env=dict(_env(), HOROVOD_RANK="0"),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode in (0, 5), proc.stdout + proc.stderr  # 5: nothing selected
     return [line for line in proc.stdout.splitlines() if "::" in line]

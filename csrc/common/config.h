@@ -24,6 +24,9 @@ namespace hvd {
     "before sleeping: lower latency for back-to-back ops at the cost of a busy core.") \
   X(cache_capacity, "HOROVOD_CACHE_CAPACITY", int64_t, 1024,                          \
     "Number of responses kept in the response cache (0 disables the cache).")         \
+  X(steady_exchange, "HOROVOD_STEADY_STATE_EXCHANGE", int64_t, 1,                     \
+    "1: when every pending op is a cache hit, ranks exchange cache bits in one "      \
+    "allgather instead of a gather and broadcast through rank 0 (0: always the latter).") \
   X(tcp_timeout_s, "HOROVOD_TCP_TIMEOUT", double, 60.0,                               \
     "Seconds a socket may make no progress during a collective before the peer is "   \
     "declared lost.")                                                                 \

@@ -56,7 +56,7 @@ Status Controller::Cycle(std::vector<Request> fresh, bool want_shutdown,
   *shutdown = false;
   bool any_invalid = false;
   for (uint64_t w : pending_invalid_) any_invalid = any_invalid || w != 0;
-  if (fast_ok_) {
+  if (fast_ok_ && steady_exchange_) {
     bool need_full = !uncached_.empty() || want_shutdown || join_pending_ || any_invalid ||
                      params_pending_ || stall_due_;
     bool done = false;

@@ -58,6 +58,8 @@ class Controller {
   void SetInitialParams(const TunedParams& p) { params_ = p; }
   // Coordinator only: tune params_ during the first cycles that reduce data.
   void EnableAutotune(std::unique_ptr<Autotuner> tuner) { tuner_ = std::move(tuner); }
+  // false: every cycle is a full gather/broadcast cycle (HOROVOD_STEADY_STATE_EXCHANGE=0).
+  void SetSteadyExchange(bool on) { steady_exchange_ = on; }
   bool autotune_done() const { return tuner_ == nullptr || tuner_->done(); }
 
   // Coordinator's validation of one name's requests (one per rank, by rank).
@@ -109,6 +111,7 @@ class Controller {
   std::map<int, std::chrono::steady_clock::time_point> partial_bits_;
   std::chrono::steady_clock::time_point last_stall_log_{};
 
+  bool steady_exchange_ = true;
   bool fast_ok_ = false;       // a full cycle succeeded: capacities agree
   bool join_pending_ = false;  // this rank asked to join and the join has not completed
   std::vector<uint64_t> pending_invalid_;  // stale cache positions found since last cycle

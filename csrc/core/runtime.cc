@@ -70,6 +70,7 @@ Status Runtime::Create(const WorldInfo& world, const Config& config,
   rt->controller_ = std::make_unique<Controller>(
       rt->transport_.get(), static_cast<size_t>(std::max<int64_t>(0, config.cache_capacity)),
       StallOptions{config.stall_check_s, config.stall_shutdown_s});
+  rt->controller_->SetSteadyExchange(config.steady_exchange != 0);
   TunedParams initial{config.fusion_threshold_bytes, config.wake_delay_us,
                       config.cache_capacity > 0};
   rt->controller_->SetInitialParams(initial);
@@ -563,6 +564,7 @@ Status Runtime::ChangeProcessSets(const Response& r, Entry& e) {
         ps->transport, static_cast<size_t>(std::max<int64_t>(0, config_.cache_capacity)),
         StallOptions{config_.stall_check_s, config_.stall_shutdown_s});
     ps->controller = ps->own_controller.get();
+    ps->controller->SetSteadyExchange(config_.steady_exchange != 0);
     ps->controller->SetInitialParams(controller_->params());
     if (world_.rank == 0) ps->controller->SetTimeline(&timeline_);
     ps->own_gpu = CreateGpuBackend(ps->transport, ps->transport->rank(), ps->transport->size(),

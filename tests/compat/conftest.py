@@ -6,11 +6,10 @@ same pytest session under the launcher,
     horovodrun -np 2 python -m pytest tests/compat -q -p no:cacheprovider
 
 and each test initialises Horovod itself and tears down with ``hvd.barrier();
-hvd.shutdown()``. Outside a launcher (a plain ``pytest tests``) the tests are skipped:
-tests/test_compat.py runs them under horovodrun.
+hvd.shutdown()``. Outside a launcher (a plain ``pytest tests``) tests/conftest.py does
+not collect them: tests/test_compat.py runs them under horovodrun.
 """
 import os
-from pathlib import Path
 
 import pytest
 
@@ -25,16 +24,6 @@ if UNDER_LAUNCHER:
     # the launcher: a plain `pytest tests` must not leak these into other tests.)
     os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", "10")
     os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "30")
-
-
-def pytest_collection_modifyitems(config, items):
-    if UNDER_LAUNCHER:
-        return
-    skip = pytest.mark.skip(reason="run under `horovodrun -np 2` (tests/test_compat.py does)")
-    here = Path(__file__).resolve().parent
-    for item in items:  # this hook sees the whole session's items: only ours
-        if here in Path(str(item.path)).resolve().parents:
-            item.add_marker(skip)
 
 
 def _teardown() -> None:
