@@ -8,8 +8,10 @@ DATA ?= data
 
 .PHONY: setup build demo test pytest cpp-test bench clean
 
-# Python dependencies and the package's metadata/entry points (horovodrun), once.
-.setup.stamp: setup.py requirements-dev.txt
+# System packages (apt, when missing), Python dependencies and the package's
+# metadata/entry points (horovodrun), once.
+.setup.stamp: setup.py requirements-dev.txt tools/system-deps.sh
+	./tools/system-deps.sh
 	$(PYTHON) -c "import torch, torchvision" 2>/dev/null || $(PYTHON) -m pip install $(TORCH_PINS)
 	$(PYTHON) -m pip install -r requirements-dev.txt
 	HOROVOD_TORCH_SKIP_EXT=1 $(PYTHON) -m pip install --no-build-isolation --no-deps -e .

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the Debian/Ubuntu packages the build and the tests need, if missing:
+# a C++ toolchain, ninja and GoogleTest (build, C++ tests); OpenMPI (the MPI controller
+# and its tests); openssh-server and iproute2 (the multi-host tests with network
+# namespaces). Needs root (or sudo); without it, prints what is missing and goes on.
+set -euo pipefail
+need=""
+[ -f /usr/include/gtest/gtest.h ] || need="$need libgtest-dev"
+command -v ninja >/dev/null || need="$need ninja-build"
+command -v g++ >/dev/null || need="$need g++"
+command -v make >/dev/null || need="$need make"
+command -v mpicxx >/dev/null || need="$need libopenmpi-dev openmpi-bin"
+[ -x /usr/sbin/sshd ] || need="$need openssh-server openssh-client"
+command -v ip >/dev/null || need="$need iproute2"
+[ -z "$need" ] && exit 0
+if [ "$(id -u)" = 0 ]; then sudo=""; elif command -v sudo >/dev/null; then sudo="sudo"; else
+  echo "system-deps: missing$need; install them as root (apt-get install$need)" >&2
+  exit 0
+fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq $need
