@@ -63,3 +63,12 @@ def test_elastic_reset_with_nccl(tmp_path):
 
 def test_process_sets_with_nccl():
     run_workers("tests.process_set_workers:gpu_sets", 2, env=GPU_ENV, timeout=240)
+
+
+def test_nccl_with_the_mpi_controller():
+    from horovod_torch import _C
+    if not _C.mpi_built():
+        pytest.skip("this build has no MPI")
+    from tests.test_mpi import mpirun
+    mpirun("tests.workers:all_collectives", 2, args=[0, "cuda"],
+           env={"NCCL_NVLS_ENABLE": "0"}, timeout=240)
