@@ -38,7 +38,7 @@ cpp-test:
 	$(MAKE) -C tests/cpp -j2 run
 
 pytest: build
-	$(PYTHON) -m pytest tests -q -m "not gpu"
+	$(PYTHON) -m pytest tests -q -rs -m "not gpu"
 
 test: build cpp-test pytest
 

@@ -137,22 +137,33 @@ Status Connect(const std::string& host, int port, double timeout_s, Socket* out)
   }
 }
 
-std::string LocalAddress(const Socket& s) {
+namespace {
+// getsockname / getpeername of `s` as a numeric IPv4 host; false if it fails.
+bool SocketAddress(const Socket& s, bool peer, std::string* host, int* port) {
   sockaddr_in addr{};
   socklen_t len = sizeof(addr);
-  if (::getsockname(s.fd(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "127.0.0.1";
+  auto* sa = reinterpret_cast<sockaddr*>(&addr);
+  if ((peer ? ::getpeername(s.fd(), sa, &len) : ::getsockname(s.fd(), sa, &len)) != 0) {
+    return false;
+  }
   char buf[INET_ADDRSTRLEN];
   ::inet_ntop(AF_INET, &addr.sin_addr, buf, sizeof(buf));
-  return buf;
+  *host = buf;
+  *port = ntohs(addr.sin_port);
+  return true;
+}
+}  // namespace
+
+std::string LocalAddress(const Socket& s) {
+  std::string host;
+  int port = 0;
+  return SocketAddress(s, false, &host, &port) ? host : "127.0.0.1";
 }
 
 std::string PeerAddress(const Socket& s) {
-  sockaddr_in addr{};
-  socklen_t len = sizeof(addr);
-  if (::getpeername(s.fd(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "unknown";
-  char buf[INET_ADDRSTRLEN];
-  ::inet_ntop(AF_INET, &addr.sin_addr, buf, sizeof(buf));
-  return std::string(buf) + ":" + std::to_string(ntohs(addr.sin_port));
+  std::string host;
+  int port = 0;
+  return SocketAddress(s, true, &host, &port) ? host + ":" + std::to_string(port) : "unknown";
 }
 
 Status SendAll(int fd, const void* buf, size_t len, double timeout_s) {

@@ -5,6 +5,8 @@ from typing import List
 
 import torch
 
+from tests.workers import reference_reduce
+
 import horovod.torch as hvd
 
 # Every dtype the engine moves (uint16/32/64, complex and float8 are refused).
@@ -36,22 +38,7 @@ def reduce_ref(inputs: List[torch.Tensor], op: int) -> torch.Tensor:
     if dtype == torch.bool:
         stacked = torch.stack(inputs)
         return stacked.any(0) if op in (hvd.Sum, hvd.Max) else stacked.all(0)
-    wide = [t.double() if dtype.is_floating_point else t.long() for t in inputs]
-    acc = wide[0].clone()
-    for t in wide[1:]:
-        if op in (hvd.Sum, hvd.Average):
-            acc = acc + t
-        elif op == hvd.Min:
-            acc = torch.minimum(acc, t)
-        elif op == hvd.Max:
-            acc = torch.maximum(acc, t)
-        elif op == hvd.Product:
-            acc = acc * t
-    if op == hvd.Average:
-        acc = acc / len(inputs)
-        if not dtype.is_floating_point:
-            acc = acc.trunc()
-    return acc.to(dtype)
+    return reference_reduce(inputs, op, dtype)
 
 
 def assert_close(got: torch.Tensor, want: torch.Tensor, what: str = "") -> None:
