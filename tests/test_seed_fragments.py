@@ -24,7 +24,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 FRAGMENTS = REPO / "tests" / "seed_fragments"
 sys.path.insert(0, str(FRAGMENTS))
-from seed_blocks import SEEDS, blocks, fragment_code  # noqa: E402
+from seed_blocks import SEEDS, SHARED_SEEDS, blocks, fragment_code  # noqa: E402
 
 PY = sys.executable
 NP = 2
@@ -170,3 +170,10 @@ def test_seed000_train_py_is_examples_elastic_train_py():
     # Everything else in the example is its header comment.
     head = train_py[:train_py.index(scripts[0].code)]
     assert all(ln.startswith("#") for ln in head.splitlines() if ln.strip()), head
+
+
+@pytest.mark.skipif(not SHARED_SEEDS.is_dir(), reason=f"no {SHARED_SEEDS} on this machine")
+def test_seed_copy_matches_the_shared_seeds():
+    shared = {p.name: p.read_bytes() for p in SHARED_SEEDS.glob("*.txt")}
+    copy = {p.name: p.read_bytes() for p in SEEDS.glob("*.txt")}
+    assert copy == shared, "tests/seed_fragments/seeds is out of date with ../shared/seeds"

@@ -8,7 +8,11 @@ from typing import List, Optional
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-SEEDS = REPO.parent / "shared" / "seeds"
+# A copy of the project's seed documents (../shared/seeds), kept in the repository so a
+# fresh checkout (CI) checks the fragments against them; tests/test_seed_fragments.py
+# checks the copy against ../shared/seeds where that exists.
+SEEDS = HERE / "seeds"
+SHARED_SEEDS = REPO.parent / "shared" / "seeds"
 BEGIN = "# ---- BEGIN seed fragment (verbatim) ----"
 END = "# ---- END seed fragment ----"
 
