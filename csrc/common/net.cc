@@ -113,7 +113,8 @@ Status Accept(const Socket& listener, double timeout_s, Socket* out) {
   }
 }
 
-Status Connect(const std::string& host, int port, double timeout_s, Socket* out) {
+Status Connect(const std::string& host, int port, double timeout_s, Socket* out,
+               bool retry_refused) {
   sockaddr_storage addr{};
   socklen_t len = 0;
   HVD_RETURN_IF_ERROR(Resolve(host, port, &addr, &len));
@@ -128,8 +129,9 @@ Status Connect(const std::string& host, int port, double timeout_s, Socket* out)
       *out = std::move(s);
       return Status::Ok();
     }
-    last = std::strerror(errno);
-    if (Clock::now() >= deadline) {
+    const int err = errno;
+    last = std::strerror(err);
+    if (Clock::now() >= deadline || (!retry_refused && err == ECONNREFUSED)) {
       return Status::Aborted("cannot connect to " + host + ":" + std::to_string(port) +
                              " within " + std::to_string(timeout_s) + " s (" + last + ")");
     }
@@ -223,23 +225,34 @@ Status RecvFrame(int fd, std::string* data, double timeout_s, uint64_t max_len) 
   return RecvAll(fd, data->data(), n, timeout_s);
 }
 
-Status ServerHandshake(int fd, const std::string& secret, double timeout_s, std::string* tag) {
+std::string HandshakeNonce() {
   std::random_device rd;
   std::string nonce(16, '\0');
   for (auto& c : nonce) c = static_cast<char>(rd());
-  HVD_RETURN_IF_ERROR(SendFrame(fd, nonce, timeout_s));
-  std::string reply;
-  HVD_RETURN_IF_ERROR(RecvFrame(fd, &reply, timeout_s, kMaxHandshakeFrame));
-  if (reply.size() < 32) return Status::Aborted("bad handshake from a connecting peer");
+  return nonce;
+}
+
+bool HandshakeReplyValid(const std::string& secret, const std::string& nonce,
+                         const std::string& reply, std::string* tag) {
+  if (reply.size() < 32) return false;
   std::string hello = reply.substr(32);
   std::string expect = Sha256(secret + nonce + hello);
   // Constant-time comparison.
   unsigned char diff = 0;
   for (int i = 0; i < 32; ++i) diff |= static_cast<unsigned char>(expect[i] ^ reply[i]);
-  std::string verdict(1, diff == 0 ? 'Y' : 'N');
-  HVD_RETURN_IF_ERROR(SendFrame(fd, verdict, timeout_s));
-  if (diff != 0) return Status::Aborted("a peer without the job secret tried to connect");
+  if (diff != 0) return false;
   if (tag != nullptr) *tag = hello;
+  return true;
+}
+
+Status ServerHandshake(int fd, const std::string& secret, double timeout_s, std::string* tag) {
+  std::string nonce = HandshakeNonce();
+  HVD_RETURN_IF_ERROR(SendFrame(fd, nonce, timeout_s));
+  std::string reply;
+  HVD_RETURN_IF_ERROR(RecvFrame(fd, &reply, timeout_s, kMaxHandshakeFrame));
+  bool ok = HandshakeReplyValid(secret, nonce, reply, tag);
+  HVD_RETURN_IF_ERROR(SendFrame(fd, ok ? "Y" : "N", timeout_s));
+  if (!ok) return Status::Aborted("a peer without the job secret tried to connect");
   return Status::Ok();
 }
 

@@ -38,8 +38,10 @@ Status Listen(const std::string& host, int port, Socket* out, int* bound_port);
 // Accepts one connection, waiting at most timeout_s.
 Status Accept(const Socket& listener, double timeout_s, Socket* out);
 // Connects to host:port, retrying refused connections until timeout_s has passed
-// (the peer may not be listening yet).
-Status Connect(const std::string& host, int port, double timeout_s, Socket* out);
+// (the peer may not be listening yet) unless retry_refused is false (the peer is
+// known to have listened: refusal means it is gone).
+Status Connect(const std::string& host, int port, double timeout_s, Socket* out,
+               bool retry_refused = true);
 // The local address of a connected socket, as a numeric host string.
 std::string LocalAddress(const Socket& s);
 // "ip:port" of the other end of a connected socket ("unknown" if it cannot tell).
@@ -59,6 +61,11 @@ Status RecvFrame(int fd, std::string* data, double timeout_s, uint64_t max_len =
 // answers SHA-256(secret | nonce | tag). The secret never crosses the wire.
 // `tag` is a short hello the client sends along (e.g. its rank); the server gets it.
 Status ServerHandshake(int fd, const std::string& secret, double timeout_s, std::string* tag);
+// ServerHandshake in two halves for a caller that cannot block: send the nonce as
+// a frame, then check the client's reply frame (and send "Y" or "N" yourself).
+std::string HandshakeNonce();
+bool HandshakeReplyValid(const std::string& secret, const std::string& nonce,
+                         const std::string& reply, std::string* tag);
 Status ClientHandshake(int fd, const std::string& secret, const std::string& tag,
                        double timeout_s);
 

@@ -1,15 +1,16 @@
+// The TCP transport's connections and its transfer engine (Run). The collective
+// algorithms built on Run are in tcp_collectives.cc.
 #include "transport/tcp_transport.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <thread>
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <mutex>
 
 #include "common/logging.h"
 
@@ -21,118 +22,166 @@ std::string PeerLost(int peer, const std::string& why) {
          "); the peer process probably died";
 }
 
-// Element offsets of `counts` laid end to end.
-std::vector<size_t> Offsets(const std::vector<size_t>& counts) {
-  std::vector<size_t> off(counts.size(), 0);
-  for (size_t i = 1; i < counts.size(); ++i) off[i] = off[i - 1] + counts[i - 1];
-  return off;
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
 }  // namespace
 
+// State shared by a mesh and its subset views; only the background thread touches
+// it, except Abort(), which takes mu to shut sockets down.
+struct TcpTransport::Mesh {
+  StoreClient* store = nullptr;  // borrowed
+  std::string prefix, secret;
+  int rank = 0, size = 1;
+  double connect_timeout_s = 30;
+  Socket listener;
+  std::vector<Socket> sockets;  // by mesh rank; invalid until connected
+
+  // A connection accepted on the listener whose job-secret handshake is under way:
+  // the nonce went out, the reply frame is being read without blocking.
+  struct Incoming {
+    Socket sock;
+    std::string nonce, in;
+    Clock::time_point deadline;
+  };
+  std::vector<Incoming> incoming;
+
+  std::mutex mu;         // guards installing sockets against Abort()
+  bool aborted = false;  // GUARDED_BY(mu)
+
+  Status Install(int peer, Socket s) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (aborted) return Status::Aborted("the TCP transport was aborted");
+    TuneForData(s.fd());
+    sockets[peer] = std::move(s);
+    return Status::Ok();
+  }
+
+  // Accepts every connection waiting on the listener and sends each its nonce.
+  void AcceptWaiting() {
+    while (true) {
+      int fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) return;  // EAGAIN (none left) or an error seen on the next poll
+      Incoming c;
+      c.sock = Socket(fd);
+      c.nonce = HandshakeNonce();
+      c.deadline = Clock::now() + std::chrono::milliseconds(
+                                      static_cast<int64_t>(connect_timeout_s * 1000));
+      if (SendFrame(fd, c.nonce, 1.0).ok()) incoming.push_back(std::move(c));
+    }
+  }
+
+  // Reads what incoming[i] has sent; when its reply is complete, answers it and
+  // installs the socket (a peer) or drops it. Returns false once incoming[i] is
+  // finished (the caller erases it).
+  bool Advance(size_t i) {
+    Incoming& c = incoming[i];
+    char buf[512];
+    ssize_t n = ::recv(c.sock.fd(), buf, sizeof(buf), MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      return false;  // the client went away
+    }
+    if (n > 0) c.in.append(buf, static_cast<size_t>(n));
+    if (c.in.size() < 8) return true;
+    uint64_t len = 0;
+    std::memcpy(&len, c.in.data(), 8);
+    if (len > kMaxHandshakeFrame) return false;
+    if (c.in.size() < 8 + len) return true;
+    std::string tag;
+    bool ok = HandshakeReplyValid(secret, c.nonce, c.in.substr(8, len), &tag);
+    SendFrame(c.sock.fd(), ok ? "Y" : "N", 1.0);
+    if (!ok) {
+      HVD_LOG(kWarning) << "rejected a connection from " << PeerAddress(c.sock)
+                        << " that failed the job-secret handshake";
+      return false;
+    }
+    int peer = std::atoi(tag.c_str());
+    if (peer <= rank || peer >= size || sockets[peer].valid()) {
+      HVD_LOG(kWarning) << "dropped an unexpected connection (hello '" << tag << "')";
+      return false;
+    }
+    Install(peer, std::move(c.sock));
+    return false;
+  }
+
+  void DropExpired() {
+    const auto now = Clock::now();
+    incoming.erase(std::remove_if(incoming.begin(), incoming.end(),
+                                  [&](const Incoming& c) { return now > c.deadline; }),
+                   incoming.end());
+  }
+};
+
+TcpTransport::TcpTransport(int rank, int size, TcpOptions options, std::shared_ptr<Mesh> mesh)
+    : rank_(rank), size_(size), options_(options), mesh_(std::move(mesh)), global_(size) {
+  for (int r = 0; r < size; ++r) global_[r] = r;
+}
+
+TcpTransport::~TcpTransport() = default;
+
 Status TcpTransport::Create(StoreClient* store, const std::string& prefix, int rank, int size,
                             const std::string& secret, const TcpOptions& options,
                             std::unique_ptr<TcpTransport>* out) {
-  std::unique_ptr<TcpTransport> t(new TcpTransport(rank, size, options));
-  if (size == 1) {
-    *out = std::move(t);
-    return Status::Ok();
-  }
-  // Listen on the address we reach the store from: peers reach us the same way.
-  std::string host = store->LocalAddress();
-  Socket listener;
-  int port = 0;
-  HVD_RETURN_IF_ERROR(Listen(host, 0, &listener, &port));
-  HVD_RETURN_IF_ERROR(store->Set(prefix + "/addr/" + std::to_string(rank),
-                                 host + ":" + std::to_string(port)));
-  const double timeout = options.connect_timeout_s;
-  // Connect to lower ranks; they accept us. Lower ranks finish their own connects
-  // before accepting, so by induction from rank 0 nobody waits forever.
-  for (int peer = 0; peer < rank; ++peer) {
-    std::string addr;
-    Status st = store->Get(prefix + "/addr/" + std::to_string(peer), timeout, &addr);
+  auto mesh = std::make_shared<Mesh>();
+  mesh->store = store;
+  mesh->prefix = prefix;
+  mesh->secret = secret;
+  mesh->rank = rank;
+  mesh->size = size;
+  mesh->connect_timeout_s = options.connect_timeout_s;
+  mesh->sockets.resize(size);
+  std::unique_ptr<TcpTransport> t(new TcpTransport(rank, size, options, mesh));
+  if (size > 1) {
+    // Listen on the address we reach the store from: peers reach us the same way.
+    std::string host = store->LocalAddress();
+    int port = 0;
+    HVD_RETURN_IF_ERROR(Listen(host, 0, &mesh->listener, &port));
+    ::fcntl(mesh->listener.fd(), F_SETFL, ::fcntl(mesh->listener.fd(), F_GETFL, 0) | O_NONBLOCK);
+    HVD_RETURN_IF_ERROR(store->Set(prefix + "/addr/" + std::to_string(rank),
+                                   host + ":" + std::to_string(port)));
+    // A barrier along the control tree: init() returns once every rank is here.
+    // Waiting on a peer here is waiting for the slowest rank to arrive, so the
+    // start timeout applies on top of the I/O one.
+    t->options_.io_timeout_s = options.connect_timeout_s + options.io_timeout_s;
+    std::vector<std::string> unused;
+    std::string go;
+    Status st = t->Gather(std::string(), &unused);
+    if (st.ok()) st = t->Bcast(&go);
+    t->options_.io_timeout_s = options.io_timeout_s;
     if (!st.ok()) {
-      return Status::Aborted("rank " + std::to_string(peer) +
-                             " did not reach the rendezvous in time (HOROVOD_START_TIMEOUT=" +
-                             std::to_string(timeout) + " s): " + st.message());
-    }
-    size_t colon = addr.rfind(':');
-    Socket s;
-    HVD_RETURN_IF_ERROR(Connect(addr.substr(0, colon), std::stoi(addr.substr(colon + 1)),
-                                timeout, &s));
-    HVD_RETURN_IF_ERROR(ClientHandshake(s.fd(), secret, std::to_string(rank), timeout));
-    (*t->sockets_)[peer] = std::move(s);
-  }
-  // Higher ranks connect to us. Each accepted connection is authenticated on its
-  // own thread, so a client that connects and stays silent (or is slow) cannot hold
-  // up the real peers queued behind it; one overall deadline bounds the wait.
-  struct Handshake {
-    Socket sock;
-    std::string tag;
-    Status status;
-    std::atomic<bool> done{false};
-    std::thread thread;
-  };
-  std::vector<std::unique_ptr<Handshake>> shakes;
-  auto stop_all = [&shakes] {
-    for (auto& h : shakes) {
-      h->sock.Shutdown();  // wakes a handshake blocked on a silent client
-      if (h->thread.joinable()) h->thread.join();
-    }
-  };
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000));
-  for (int accepted = 0; accepted < size - 1 - rank;) {
-    double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now())
-                      .count();
-    if (left <= 0) {
-      stop_all();
-      return Status::Aborted("not every higher rank connected within " +
-                             std::to_string(timeout) + " s (HOROVOD_START_TIMEOUT)");
-    }
-    Socket s;
-    if (Accept(listener, std::min(left, 0.05), &s).ok()) {
-      auto h = std::make_unique<Handshake>();
-      h->sock = std::move(s);
-      Handshake* raw = h.get();
-      raw->thread = std::thread([raw, secret, left] {
-        raw->status = ServerHandshake(raw->sock.fd(), secret, left, &raw->tag);
-        raw->done = true;
-      });
-      shakes.push_back(std::move(h));
-    }
-    for (auto it = shakes.begin(); it != shakes.end();) {
-      Handshake& h = **it;
-      if (!h.done) {
-        ++it;
-        continue;
+      // The rank that saw the cause (a rank that never came) leaves it in the
+      // store before its sockets close; the ranks that only see those sockets
+      // close report the cause instead of "connection lost".
+      const std::string key = prefix + "/init_error";
+      if (st.message().find("did not reach the rendezvous") != std::string::npos) {
+        store->Set(key, "rank " + std::to_string(rank) + ": " + st.message());
       }
-      h.thread.join();
-      if (!h.status.ok()) {
-        HVD_LOG(kWarning) << "rejected a connection that failed the job-secret handshake";
-      } else {
-        int peer = std::atoi(h.tag.c_str());
-        if (peer <= rank || peer >= size || (*t->sockets_)[peer].valid()) {
-          stop_all();
-          return Status::Aborted("unexpected hello '" + h.tag + "' during connection set-up");
-        }
-        (*t->sockets_)[peer] = std::move(h.sock);
-        ++accepted;
-      }
-      it = shakes.erase(it);
+      t->Abort();
+      std::string cause;
+      bool found = false;
+      if (store->TryGet(key, &cause, &found).ok() && found) return Status::Aborted(cause);
+      return st;
     }
-  }
-  stop_all();  // connections still handshaking are not peers we need
-  for (int p = 0; p < size; ++p) {
-    if (p != rank) TuneForData((*t->sockets_)[p].fd());
   }
   *out = std::move(t);
   return Status::Ok();
 }
 
 void TcpTransport::Abort() {
-  for (auto& s : *sockets_) s.Shutdown();
+  std::lock_guard<std::mutex> lock(mesh_->mu);
+  mesh_->aborted = true;
+  for (auto& s : mesh_->sockets) s.Shutdown();
+  mesh_->listener.Shutdown();
 }
+
+int TcpTransport::open_connections() const {
+  int n = 0;
+  for (const auto& s : mesh_->sockets) n += s.valid() ? 1 : 0;
+  return n;
+}
+
+int TcpTransport::Fd(int r) const { return mesh_->sockets[global_[r]].fd(); }
 
 std::unique_ptr<TcpTransport> TcpTransport::SubsetView(const std::vector<int>& members) const {
   int me = -1;
@@ -141,17 +190,44 @@ std::unique_ptr<TcpTransport> TcpTransport::SubsetView(const std::vector<int>& m
   }
   if (me < 0) return nullptr;
   std::unique_ptr<TcpTransport> t(
-      new TcpTransport(me, static_cast<int>(members.size()), options_));
-  t->sockets_ = sockets_;
+      new TcpTransport(me, static_cast<int>(members.size()), options_, mesh_));
   for (size_t i = 0; i < members.size(); ++i) t->global_[i] = global_[members[i]];
   return t;
+}
+
+Status TcpTransport::ConnectLower(const std::vector<int>& peers) {
+  Mesh& m = *mesh_;
+  const double timeout = m.connect_timeout_s;
+  for (int p : peers) {
+    const int g = global_[p];
+    if (m.sockets[g].valid()) continue;
+    std::string addr;
+    Status st = m.store->Get(m.prefix + "/addr/" + std::to_string(g), timeout, &addr);
+    if (!st.ok()) {
+      return Status::Aborted("rank " + std::to_string(g) +
+                             " did not reach the rendezvous in time (HOROVOD_START_TIMEOUT=" +
+                             std::to_string(timeout) + " s): " + st.message());
+    }
+    size_t colon = addr.rfind(':');
+    Socket s;
+    st = Connect(addr.substr(0, colon), std::stoi(addr.substr(colon + 1)), timeout, &s,
+                 /*retry_refused=*/false);
+    if (!st.ok()) return Status::Aborted(PeerLost(g, st.message()));
+    HVD_RETURN_IF_ERROR(ClientHandshake(s.fd(), m.secret, std::to_string(m.rank), timeout));
+    HVD_RETURN_IF_ERROR(m.Install(g, std::move(s)));
+  }
+  return Status::Ok();
 }
 
 // Drives all transfers concurrently with poll(). The per-peer queues keep the
 // order of transfers that share a direction; on_done callbacks (used to reduce a
 // chunk as soon as it lands) run on this thread while other chunks are in flight.
+// Peers without a socket yet: lower ranks are connected first; higher ones
+// connect to us, and are accepted and authenticated inside the loop.
 Status TcpTransport::Run(std::vector<Xfer>& xs) {
+  Mesh& m = *mesh_;
   std::vector<std::deque<Xfer*>> sendq(size_), recvq(size_);
+  std::vector<int> lower;
   size_t pending = 0;
   for (auto& x : xs) {
     if (x.len == 0) {
@@ -160,20 +236,35 @@ Status TcpTransport::Run(std::vector<Xfer>& xs) {
     }
     (x.send ? sendq : recvq)[x.peer].push_back(&x);
     ++pending;
+    if (Fd(x.peer) < 0 && global_[x.peer] < m.rank) lower.push_back(x.peer);
   }
-  auto last_progress = Clock::now();
+  if (pending == 0) return Status::Ok();
+  std::sort(lower.begin(), lower.end());
+  lower.erase(std::unique(lower.begin(), lower.end()), lower.end());
+  HVD_RETURN_IF_ERROR(ConnectLower(lower));
+
+  const auto start = Clock::now();
+  auto last_progress = start;
   std::vector<pollfd> fds;
-  std::vector<int> who;
+  std::vector<int> who;  // >= 0: a peer; -1: the listener; <= -2: incoming[-2 - who]
   while (pending > 0) {
     fds.clear();
     who.clear();
     for (int p = 0; p < size_; ++p) {
-      if (p == rank_) continue;
+      if (p == rank_ || Fd(p) < 0) continue;
       short ev = (sendq[p].empty() ? 0 : POLLOUT) | (recvq[p].empty() ? 0 : POLLIN);
       // Peers we exchange nothing with are watched for hang-ups only (their early
       // data for a later exchange must stay unread), so a death anywhere is seen.
-      fds.push_back(pollfd{Peer(p).fd(), static_cast<short>(ev | POLLRDHUP), 0});
+      fds.push_back(pollfd{Fd(p), static_cast<short>(ev | POLLRDHUP), 0});
       who.push_back(p);
+    }
+    if (m.listener.valid()) {
+      fds.push_back(pollfd{m.listener.fd(), POLLIN, 0});
+      who.push_back(-1);
+    }
+    for (size_t i = 0; i < m.incoming.size(); ++i) {
+      fds.push_back(pollfd{m.incoming[i].sock.fd(), POLLIN, 0});
+      who.push_back(-2 - static_cast<int>(i));
     }
     int rc = ::poll(fds.data(), fds.size(), 200);
     if (rc < 0) {
@@ -181,22 +272,42 @@ Status TcpTransport::Run(std::vector<Xfer>& xs) {
       return Status::Aborted(std::string("poll failed: ") + std::strerror(errno));
     }
     if (rc == 0) {
-      double idle = std::chrono::duration<double>(Clock::now() - last_progress).count();
-      if (idle > options_.io_timeout_s) {
-        int stuck = -1;
-        for (int p = 0; p < size_ && stuck < 0; ++p) {
-          if (!sendq[p].empty() || !recvq[p].empty()) stuck = p;
+      m.DropExpired();
+      for (int p = 0; p < size_; ++p) {
+        if (Fd(p) < 0 && (!sendq[p].empty() || !recvq[p].empty()) &&
+            Since(start) > m.connect_timeout_s) {
+          return Status::Aborted("rank " + std::to_string(global_[p]) +
+                                 " did not reach the rendezvous within " +
+                                 std::to_string(m.connect_timeout_s) +
+                                 " s (HOROVOD_START_TIMEOUT): it never started, or died");
         }
-        return Status::Aborted("rank " + std::to_string(global_[stuck]) +
-                               " made no progress for " + std::to_string(idle) +
-                               " s (HOROVOD_TCP_TIMEOUT); treating it as lost");
+      }
+      double idle = Since(last_progress);
+      if (idle > options_.io_timeout_s) {
+        for (int p = 0; p < size_; ++p) {
+          if (Fd(p) >= 0 && (!sendq[p].empty() || !recvq[p].empty())) {
+            return Status::Aborted("rank " + std::to_string(global_[p]) + " made no progress for " +
+                                   std::to_string(idle) +
+                                   " s (HOROVOD_TCP_TIMEOUT); treating it as lost");
+          }
+        }
       }
       continue;
     }
+    std::vector<size_t> finished;  // incoming handshakes done this round
     for (size_t i = 0; i < fds.size(); ++i) {
-      int p = who[i];
       short re = fds[i].revents;
       if (re == 0) continue;
+      if (who[i] == -1) {
+        m.AcceptWaiting();
+        continue;
+      }
+      if (who[i] <= -2) {
+        size_t k = static_cast<size_t>(-2 - who[i]);
+        if (!m.Advance(k)) finished.push_back(k);
+        continue;
+      }
+      int p = who[i];
       if (sendq[p].empty() && recvq[p].empty()) {
         if (re & (POLLRDHUP | POLLHUP | POLLERR)) {
           return Status::Aborted(PeerLost(global_[p], "closed by the other side"));
@@ -240,228 +351,9 @@ Status TcpTransport::Run(std::vector<Xfer>& xs) {
         return Status::Aborted(PeerLost(global_[p], "socket hung up"));
       }
     }
+    std::sort(finished.rbegin(), finished.rend());
+    for (size_t k : finished) m.incoming.erase(m.incoming.begin() + static_cast<long>(k));
   }
-  return Status::Ok();
-}
-
-Status TcpTransport::Gather(const std::string& mine, std::vector<std::string>* all) {
-  if (rank_ != 0) {
-    uint64_t n = mine.size();
-    std::string frame(reinterpret_cast<const char*>(&n), 8);
-    frame += mine;
-    std::vector<Xfer> xs{{0, true, frame.data(), frame.size()}};
-    return Run(xs);
-  }
-  all->assign(size_, std::string());
-  (*all)[0] = mine;
-  std::vector<uint64_t> lens(size_, 0);
-  std::vector<Xfer> xs;
-  for (int p = 1; p < size_; ++p) {
-    xs.push_back({p, false, reinterpret_cast<char*>(&lens[p]), 8});
-  }
-  HVD_RETURN_IF_ERROR(Run(xs));
-  xs.clear();
-  for (int p = 1; p < size_; ++p) {
-    if (lens[p] > (1ull << 32)) return Status::Aborted(PeerLost(global_[p], "corrupt message length"));
-    (*all)[p].resize(lens[p]);
-    xs.push_back({p, false, (*all)[p].data(), lens[p]});
-  }
-  return Run(xs);
-}
-
-Status TcpTransport::Allgather(const std::string& mine, std::vector<std::string>* all) {
-  const size_t n = mine.size();
-  std::string buf(n * size_, '\0');
-  HVD_RETURN_IF_ERROR(Allgatherv(mine.data(), &buf[0], std::vector<size_t>(size_, n)));
-  all->resize(size_);
-  for (int r = 0; r < size_; ++r) (*all)[r] = buf.substr(r * n, n);
-  return Status::Ok();
-}
-
-Status TcpTransport::Bcast(std::string* data) {
-  if (size_ == 1) return Status::Ok();
-  if (rank_ == 0) {
-    uint64_t n = data->size();
-    std::string frame(reinterpret_cast<const char*>(&n), 8);
-    frame += *data;
-    std::vector<Xfer> xs;
-    for (int p = 1; p < size_; ++p) xs.push_back({p, true, frame.data(), frame.size()});
-    return Run(xs);
-  }
-  uint64_t n = 0;
-  std::vector<Xfer> xs{{0, false, reinterpret_cast<char*>(&n), 8}};
-  HVD_RETURN_IF_ERROR(Run(xs));
-  if (n > (1ull << 32)) return Status::Aborted(PeerLost(0, "corrupt message length"));
-  data->resize(n);
-  xs = {{0, false, data->data(), n}};
-  return Run(xs);
-}
-
-Status TcpTransport::Allreduce(void* buf, size_t count, DataType dtype, ReduceOp op) {
-  if (size_ == 1 || count == 0) return Status::Ok();
-  size_t esize = DataTypeSize(dtype);
-  if (count * esize <= options_.small_allreduce_bytes || count < static_cast<size_t>(size_)) {
-    return DirectReduce(buf, {count}, dtype, op, buf, /*all=*/true);
-  }
-  std::vector<size_t> counts(size_, count / size_);
-  for (size_t r = 0; r < count % size_; ++r) ++counts[r];
-  std::vector<size_t> offsets = Offsets(counts);
-  char* p = static_cast<char*>(buf);
-  HVD_RETURN_IF_ERROR(RingReduceScatter(p, offsets, counts, dtype, op));
-  std::vector<size_t> boff(size_), bbytes(size_);
-  for (int r = 0; r < size_; ++r) {
-    boff[r] = offsets[r] * esize;
-    bbytes[r] = counts[r] * esize;
-  }
-  return RingAllgather(p, boff, bbytes);
-}
-
-// Latency-optimal reduction: one exchange, then every rank reduces the
-// contributions in rank order (so results are bitwise identical everywhere).
-// all=true: allreduce of counts[0] elements, in place. all=false: reducescatter,
-// segment r of buf goes to rank r, this rank's result lands in out.
-Status TcpTransport::DirectReduce(void* buf, const std::vector<size_t>& counts, DataType dtype,
-                                  ReduceOp op, void* out, bool all) {
-  size_t esize = DataTypeSize(dtype);
-  std::vector<size_t> offsets = all ? std::vector<size_t>(size_, 0) : Offsets(counts);
-  size_t mine = (all ? counts[0] : counts[rank_]) * esize;
-  scratch_.resize(mine * size_);
-  char* base = static_cast<char*>(buf);
-  std::vector<Xfer> xs;
-  for (int p = 0; p < size_; ++p) {
-    if (p == rank_) continue;
-    size_t seg_bytes = (all ? counts[0] : counts[p]) * esize;
-    xs.push_back({p, true, base + offsets[p] * esize, seg_bytes});
-    xs.push_back({p, false, scratch_.data() + p * mine, mine});
-  }
-  if (mine > 0) std::memcpy(scratch_.data() + rank_ * mine, base + offsets[rank_] * esize, mine);
-  HVD_RETURN_IF_ERROR(Run(xs));
-  char* dst = static_cast<char*>(out);
-  if (mine == 0) return Status::Ok();
-  std::memcpy(dst, scratch_.data(), mine);
-  for (int p = 1; p < size_; ++p) {
-    ReduceInto(dst, scratch_.data() + p * mine, mine / esize, dtype, op);
-  }
-  return Status::Ok();
-}
-
-// Ring reduce-scatter: in step s rank r sends segment (r-s-1) to its right
-// neighbour and receives segment (r-s-2) from its left one, reducing it into its
-// own copy. After size-1 steps rank r holds the full reduction of segment r.
-// The receive is split into chunks; each chunk is reduced as soon as it lands.
-Status TcpTransport::RingReduceScatter(char* buf, const std::vector<size_t>& offsets,
-                                       const std::vector<size_t>& counts, DataType dtype,
-                                       ReduceOp op) {
-  const int n = size_;
-  const int right = (rank_ + 1) % n, left = (rank_ + n - 1) % n;
-  const size_t esize = DataTypeSize(dtype);
-  const size_t chunk_elems = std::max<size_t>(1, options_.ring_chunk_bytes / esize);
-  size_t max_count = *std::max_element(counts.begin(), counts.end());
-  scratch_.resize(max_count * esize);
-  for (int s = 0; s < n - 1; ++s) {
-    int send_seg = ((rank_ - s - 1) % n + n) % n;
-    int recv_seg = ((rank_ - s - 2) % n + n) % n;
-    std::vector<Xfer> xs;
-    xs.push_back({right, true, buf + offsets[send_seg] * esize, counts[send_seg] * esize});
-    char* dst = buf + offsets[recv_seg] * esize;
-    for (size_t off = 0; off < counts[recv_seg]; off += chunk_elems) {
-      size_t len = std::min(chunk_elems, counts[recv_seg] - off);
-      char* tmp = scratch_.data() + off * esize;
-      xs.push_back({left, false, tmp, len * esize,
-                    [=] { ReduceInto(dst + off * esize, tmp, len, dtype, op); }});
-    }
-    HVD_RETURN_IF_ERROR(Run(xs));
-  }
-  return Status::Ok();
-}
-
-// Ring allgather: rank r starts owning segment r; in step s it forwards segment
-// (r-s) to the right and receives segment (r-s-1) from the left, in place.
-Status TcpTransport::RingAllgather(char* buf, const std::vector<size_t>& offsets,
-                                   const std::vector<size_t>& bytes) {
-  const int n = size_;
-  const int right = (rank_ + 1) % n, left = (rank_ + n - 1) % n;
-  for (int s = 0; s < n - 1; ++s) {
-    int send_seg = ((rank_ - s) % n + n) % n;
-    int recv_seg = ((rank_ - s - 1) % n + n) % n;
-    std::vector<Xfer> xs{{right, true, buf + offsets[send_seg], bytes[send_seg]},
-                         {left, false, buf + offsets[recv_seg], bytes[recv_seg]}};
-    HVD_RETURN_IF_ERROR(Run(xs));
-  }
-  return Status::Ok();
-}
-
-Status TcpTransport::Allgatherv(const void* send, void* recv, const std::vector<size_t>& bytes) {
-  std::vector<size_t> off = Offsets(bytes);
-  char* out = static_cast<char*>(recv);
-  if (bytes[rank_] > 0) std::memmove(out + off[rank_], send, bytes[rank_]);
-  std::vector<Xfer> xs;
-  for (int p = 0; p < size_; ++p) {
-    if (p == rank_) continue;
-    xs.push_back({p, true, out + off[rank_], bytes[rank_]});
-    xs.push_back({p, false, out + off[p], bytes[p]});
-  }
-  return Run(xs);
-}
-
-Status TcpTransport::Broadcast(void* buf, size_t bytes, int root) {
-  if (size_ == 1 || bytes == 0) return Status::Ok();
-  char* p = static_cast<char*>(buf);
-  std::vector<Xfer> xs;
-  if (bytes <= options_.small_allreduce_bytes || size_ == 2) {
-    // Root sends the whole buffer to each peer.
-    for (int q = 0; q < size_; ++q) {
-      if (q == rank_) continue;
-      if (rank_ == root) xs.push_back({q, true, p, bytes});
-      if (q == root) xs.push_back({q, false, p, bytes});
-    }
-    return Run(xs);
-  }
-  // Large buffers: root scatters one segment to each rank, then a ring allgather
-  // spreads them, so the root sends the data about once instead of size-1 times.
-  std::vector<size_t> seg(size_, bytes / size_);
-  for (size_t r = 0; r < bytes % size_; ++r) ++seg[r];
-  std::vector<size_t> off = Offsets(seg);
-  for (int q = 0; q < size_; ++q) {
-    if (q == root) continue;
-    if (rank_ == root) xs.push_back({q, true, p + off[q], seg[q]});
-    if (rank_ == q) xs.push_back({root, false, p + off[q], seg[q]});
-  }
-  HVD_RETURN_IF_ERROR(Run(xs));
-  return RingAllgather(p, off, seg);
-}
-
-Status TcpTransport::Alltoallv(const void* send, const std::vector<size_t>& send_bytes,
-                               void* recv, const std::vector<size_t>& recv_bytes) {
-  std::vector<size_t> soff = Offsets(send_bytes), roff = Offsets(recv_bytes);
-  char* in = const_cast<char*>(static_cast<const char*>(send));
-  char* out = static_cast<char*>(recv);
-  if (recv_bytes[rank_] > 0) std::memcpy(out + roff[rank_], in + soff[rank_], recv_bytes[rank_]);
-  std::vector<Xfer> xs;
-  for (int p = 0; p < size_; ++p) {
-    if (p == rank_) continue;
-    xs.push_back({p, true, in + soff[p], send_bytes[p]});
-    xs.push_back({p, false, out + roff[p], recv_bytes[p]});
-  }
-  return Run(xs);
-}
-
-Status TcpTransport::Reducescatter(void* buf, const std::vector<size_t>& counts, DataType dtype,
-                                   ReduceOp op, void* out) {
-  size_t esize = DataTypeSize(dtype);
-  size_t total = 0;
-  for (size_t c : counts) total += c;
-  if (size_ == 1) {
-    std::memmove(out, buf, total * esize);
-    return Status::Ok();
-  }
-  if (total * esize <= options_.small_allreduce_bytes) {
-    return DirectReduce(buf, counts, dtype, op, out, /*all=*/false);
-  }
-  std::vector<size_t> offsets = Offsets(counts);
-  char* p = static_cast<char*>(buf);
-  HVD_RETURN_IF_ERROR(RingReduceScatter(p, offsets, counts, dtype, op));
-  std::memmove(out, p + offsets[rank_] * esize, counts[rank_] * esize);
   return Status::Ok();
 }
 

@@ -1,12 +1,24 @@
-// TCP transport: a full mesh of authenticated sockets between the ranks of one
-// communicator, set up through the rendezvous store.
+// TCP transport: authenticated sockets between the ranks of one communicator, found
+// through the rendezvous store and opened lazily, only between ranks an algorithm
+// pairs up. With the algorithms below a rank talks to O(log n) peers (alltoall is
+// the exception: it needs every pair).
 //
-// Algorithms (docs/design.md §transport):
-//  - small allreduce / reducescatter: every rank sends its data to every peer and
-//    reduces in rank order (one round trip: latency-optimal for small buffers);
+// Algorithms (docs/design.md §4, §13c):
+//  - control plane: Gather / Bcast along a binomial tree rooted at rank 0; Allgather
+//    by Bruck's algorithm. Both take ceil(log2 n) rounds.
+//  - small allreduce / reducescatter: up to 4 ranks, one direct exchange; beyond,
+//    recursive doubling (log2 n rounds, reduced lower rank first so every rank gets
+//    bitwise identical results).
 //  - large allreduce / reducescatter: ring reduce-scatter (+ ring allgather),
-//    chunk-pipelined so the reduction of one chunk overlaps the arrival of the next;
-//  - allgather, alltoall, broadcast: direct exchanges driven concurrently by poll().
+//    chunk-pipelined so the reduction of one chunk overlaps the arrival of the next.
+//  - allgather: Bruck (log n rounds, each byte received once); broadcast: binomial
+//    tree (small) or binomial scatter + Bruck allgather (large); alltoall: direct.
+//
+// Connections: the higher rank of a pair connects, the lower accepts. A Run()
+// first connects to the lower-ranked peers it needs (blocking, bounded), and while
+// it waits for data it also accepts and authenticates (without blocking) whoever
+// connects to it. A connecting rank therefore waits only while the lower rank is
+// busy outside Run(), which always ends: no connection deadlock.
 #pragma once
 
 #include <functional>
@@ -29,10 +41,13 @@ struct TcpOptions {
 
 class TcpTransport : public Communicator {
  public:
-  // Rendezvous under `prefix` in the store, then connect to every peer.
+  // Publishes this rank's address under `prefix` in the store and waits (a tree
+  // barrier) until every rank has. `store` is borrowed and must outlive the
+  // transport and its views.
   static Status Create(StoreClient* store, const std::string& prefix, int rank, int size,
                        const std::string& secret, const TcpOptions& options,
                        std::unique_ptr<TcpTransport>* out);
+  ~TcpTransport() override;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -62,10 +77,15 @@ class TcpTransport : public Communicator {
   const char* name() const override { return "TCP"; }
   // The rank of the mesh this communicator was cut from.
   int global_rank(int r) const { return global_[r]; }
+  // Sockets this process holds open to peers (for tests and the scale benchmark).
+  int open_connections() const;
 
  private:
-  // One transfer to or from a peer. Transfers to the same peer in the same
-  // direction run in the order given; everything else runs concurrently.
+  struct Mesh;  // sockets by mesh rank, the listener, handshakes in progress
+
+  // One transfer to or from a peer (a rank of this communicator). Transfers to the
+  // same peer in the same direction run in the order given; everything else runs
+  // concurrently.
   struct Xfer {
     int peer;
     bool send;
@@ -75,27 +95,35 @@ class TcpTransport : public Communicator {
     size_t done = 0;
   };
   Status Run(std::vector<Xfer>& xfers);
+  // Connects to the lower-ranked peers among `peers` that have no socket yet.
+  Status ConnectLower(const std::vector<int>& peers);
 
+  // Blocks [first, first+count) (indices mod size_, in a virtual rank order where
+  // v holds block v and real rank = (v + root) % size_) as transfers with `peer`.
+  void AddBlocks(std::vector<Xfer>* xs, int peer, bool send, char* buf,
+                 const std::vector<size_t>& offsets, const std::vector<size_t>& bytes,
+                 int first, int count);
+  Status BruckAllgather(char* buf, const std::vector<size_t>& offsets,
+                        const std::vector<size_t>& bytes, int root);
+  Status TreeBroadcast(char* buf, size_t bytes, int root);
+  Status TreeScatter(char* buf, const std::vector<size_t>& offsets,
+                     const std::vector<size_t>& bytes, int root);
   Status DirectReduce(void* buf, const std::vector<size_t>& counts, DataType dtype,
                       ReduceOp op, void* out, bool all);
+  Status RecursiveDoubling(char* buf, size_t count, DataType dtype, ReduceOp op);
   Status RingReduceScatter(char* buf, const std::vector<size_t>& offsets,
                            const std::vector<size_t>& counts, DataType dtype, ReduceOp op);
   Status RingAllgather(char* buf, const std::vector<size_t>& offsets,
                        const std::vector<size_t>& bytes);
 
-  TcpTransport(int rank, int size, TcpOptions options)
-      : rank_(rank), size_(size), options_(options),
-        sockets_(std::make_shared<std::vector<Socket>>(size)), global_(size) {
-    for (int r = 0; r < size; ++r) global_[r] = r;
-  }
-  Socket& Peer(int r) { return (*sockets_)[global_[r]]; }
+  TcpTransport(int rank, int size, TcpOptions options, std::shared_ptr<Mesh> mesh);
+  int Fd(int r) const;
 
   int rank_;
   int size_;
   TcpOptions options_;
-  // The whole mesh's sockets, by mesh rank (own entry unused); shared with views.
-  std::shared_ptr<std::vector<Socket>> sockets_;
-  std::vector<int> global_;  // this communicator's rank -> mesh rank
+  std::shared_ptr<Mesh> mesh_;  // shared with views
+  std::vector<int> global_;     // this communicator's rank -> mesh rank
   std::vector<char> scratch_;
 };
 

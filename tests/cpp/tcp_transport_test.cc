@@ -1,4 +1,4 @@
-// transport/tcp_transport: every collective with 1..4 ranks as threads, compared
+// transport/tcp_transport: every collective with 1..11 ranks as threads, compared
 // against a scalar reference; results bitwise identical on all ranks.
 #include <gtest/gtest.h>
 
@@ -263,6 +263,32 @@ TEST_P(TcpCollectives, AllreduceLarge) {
   RunAllreduceCases(world_, cases, 2000);
 }
 
+// The small-buffer allreduce's exact result: a fold in rank order (direct, up to 4
+// ranks) or recursive doubling (extra ranks folded into rank - p2 first, then
+// op(lower, higher) at every round).
+template <typename Input>
+std::vector<char> SmallPathReference(int n, size_t count, DataType dt, Input input) {
+  std::vector<std::vector<char>> v(n);
+  for (int r = 0; r < n; ++r) v[r] = input(r, count, dt);
+  auto op = [&](std::vector<char> a, const std::vector<char>& b) {
+    ReduceInto(a.data(), b.data(), count, dt, ReduceOp::kSum);
+    return a;
+  };
+  if (n <= 4) {
+    for (int p = 1; p < n; ++p) v[0] = op(v[0], v[p]);
+    return v[0];
+  }
+  int p2 = 1;
+  while (p2 * 2 <= n) p2 *= 2;
+  for (int r = 0; r < n - p2; ++r) v[r] = op(v[r], v[r + p2]);
+  for (int mask = 1; mask < p2; mask <<= 1) {
+    std::vector<std::vector<char>> next(p2);
+    for (int r = 0; r < p2; ++r) next[r] = op(v[std::min(r, r ^ mask)], v[std::max(r, r ^ mask)]);
+    for (int r = 0; r < p2; ++r) v[r] = next[r];
+  }
+  return v[0];
+}
+
 // Arbitrary floats: results depend on the reduction order, so only cross-rank
 // identity can be checked for the ring; the direct path reduces in rank order.
 TEST_P(TcpCollectives, AllreduceRandomFloatsBitwiseIdentical) {
@@ -291,12 +317,8 @@ TEST_P(TcpCollectives, AllreduceRandomFloatsBitwiseIdentical) {
           return;
         }
         hashes[r].push_back(Fnv(buf.data(), count * DataTypeSize(dt)));
-        if (count * DataTypeSize(dt) <= 64 * 1024) {  // direct path: rank-order fold
-          std::vector<char> want = input(0, count, dt);
-          for (int p = 1; p < n; ++p) {
-            std::vector<char> other = input(p, count, dt);
-            ReduceInto(want.data(), other.data(), count, dt, ReduceOp::kSum);
-          }
+        if (count * DataTypeSize(dt) <= 64 * 1024) {  // small: a known order
+          std::vector<char> want = SmallPathReference(n, count, dt, input);
           std::string d = Diff(dt, buf.data(), want.data(), count);
           if (!d.empty()) errors[r] += std::string(DataTypeName(dt)) + ": " + d + "; ";
         }
@@ -516,7 +538,9 @@ TEST_P(TcpCollectives, GatherAndBcastControlPlane) {
   for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, TcpCollectives, ::testing::Values(1, 2, 3, 4),
+// 5, 8 and 11 ranks take the recursive-doubling, Bruck and tree paths (with and
+// without a power of two).
+INSTANTIATE_TEST_SUITE_P(Ranks, TcpCollectives, ::testing::Values(1, 2, 3, 4, 5, 8, 11),
                          [](const ::testing::TestParamInfo<int>& i) {
                            return std::to_string(i.param) + "ranks";
                          });
@@ -592,7 +616,7 @@ TEST_P(TcpEdgeOptions, SmallChunks) {
   RunReducescatter(w, DataType::kFloat32, ReduceOp::kSum, counts, 8);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, TcpEdgeOptions, ::testing::Values(2, 3, 4),
+INSTANTIATE_TEST_SUITE_P(Ranks, TcpEdgeOptions, ::testing::Values(2, 3, 4, 6, 9),
                          [](const ::testing::TestParamInfo<int>& i) {
                            return std::to_string(i.param) + "ranks";
                          });
@@ -622,6 +646,44 @@ TEST(TcpTransport, SizeOneNeedsNoStore) {
   HVD_EXPECT_OK(t->Allgatherv(s, g, {3}));
   EXPECT_STREQ(g, "abc");
   t->Abort();  // nothing to abort, must not crash
+}
+
+// Connections are opened on first use and only between partners: after every
+// collective but alltoall a rank of 32 holds O(log n) sockets, not 31.
+TEST(TcpTransport, ConnectionsGrowWithLogRanks) {
+  Watchdog wd(60, "ConnectionsGrowWithLogRanks");
+  const int n = 32;
+  World w;
+  HVD_ASSERT_OK(MakeWorld(n, hvd_test::FastOptions(), &w));
+  std::vector<int> after_init(n), after_all(n);
+  RunRanks(n, [&](int r) {
+    TcpTransport& t = *w.transports[r];
+    after_init[r] = t.open_connections();
+    std::vector<float> small(100, 1.0f), large(1 << 18, 1.0f);
+    HVD_EXPECT_OK(t.Allreduce(small.data(), small.size(), DataType::kFloat32, ReduceOp::kSum));
+    HVD_EXPECT_OK(t.Allreduce(large.data(), large.size(), DataType::kFloat32, ReduceOp::kSum));
+    EXPECT_EQ(small[0], n);
+    EXPECT_EQ(large[12345], n);
+    std::vector<char> gathered(n * 1000);
+    HVD_EXPECT_OK(t.Allgatherv(std::string(1000, 'a' + r % 26).data(), gathered.data(),
+                               std::vector<size_t>(n, 1000)));
+    EXPECT_EQ(gathered[31 * 1000 + 5], 'a' + 31 % 26);
+    for (int root : {0, 7}) {
+      std::vector<char> b(r == root ? 1 << 20 : 1 << 20, r == root ? 'x' : 'y');
+      HVD_EXPECT_OK(t.Broadcast(b.data(), b.size(), root));
+      EXPECT_EQ(b[b.size() - 1], 'x');
+      HVD_EXPECT_OK(t.Broadcast(b.data(), 10, root));
+    }
+    std::vector<std::string> all;
+    HVD_EXPECT_OK(t.Allgather(std::string(16, 'z'), &all));
+    after_all[r] = t.open_connections();
+  });
+  // Tree links after init (<= 5 children + parent); then ring neighbours and the
+  // partners at distance 2^k of recursive doubling, Bruck and the trees.
+  for (int r = 0; r < n; ++r) {
+    EXPECT_LE(after_init[r], 6) << "rank " << r;
+    EXPECT_LE(after_all[r], 20) << "rank " << r;
+  }
 }
 
 // Views of one mesh (process sets): disjoint and overlapping subsets run their
