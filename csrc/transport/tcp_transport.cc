@@ -86,10 +86,10 @@ struct TcpTransport::Mesh {
     if (c.in.size() < 8) return true;
     uint64_t len = 0;
     std::memcpy(&len, c.in.data(), 8);
-    if (len > kMaxHandshakeFrame) return false;
-    if (c.in.size() < 8 + len) return true;
+    bool ok = len <= kMaxHandshakeFrame;
+    if (ok && c.in.size() < 8 + len) return true;
     std::string tag;
-    bool ok = HandshakeReplyValid(secret, c.nonce, c.in.substr(8, len), &tag);
+    ok = ok && HandshakeReplyValid(secret, c.nonce, c.in.substr(8, len), &tag);
     SendFrame(c.sock.fd(), ok ? "Y" : "N", 1.0);
     if (!ok) {
       HVD_LOG(kWarning) << "rejected a connection from " << PeerAddress(c.sock)
@@ -107,9 +107,13 @@ struct TcpTransport::Mesh {
 
   void DropExpired() {
     const auto now = Clock::now();
-    incoming.erase(std::remove_if(incoming.begin(), incoming.end(),
-                                  [&](const Incoming& c) { return now > c.deadline; }),
-                   incoming.end());
+    auto expired = [&](const Incoming& c) {
+      if (now <= c.deadline) return false;
+      HVD_LOG(kWarning) << "dropped a connection from " << PeerAddress(c.sock)
+                        << " that did not finish the job-secret handshake in time";
+      return true;
+    };
+    incoming.erase(std::remove_if(incoming.begin(), incoming.end(), expired), incoming.end());
   }
 };
 
