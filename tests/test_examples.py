@@ -1,7 +1,8 @@
-"""End-to-end runs of the user-facing examples and the training benchmark, each on
+"""End-to-end runs of the user-facing examples and the CPU benchmarks, each on
 2 local workers under ``python -m horovod_torch.runner`` (CPU, tiny sizes)."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -99,6 +100,19 @@ def test_train_cpu_bench():
     assert m, _explain(proc)
     # Same model, data and SGD; with 2 ranks the averages are exact in both libraries.
     assert float(m.group(1)) < 1e-5, _explain(proc)
+
+
+def test_scale_bench(tmp_path):
+    out = tmp_path / "scale.json"
+    proc = _run([PY, "bench/scale.py", "--np", "2", "--sizes", "4K", "--iters", "2",
+                 "--timeout", "200", "--json", str(out)])
+    assert proc.returncode == 0, _explain(proc)
+    # The summary row: ranks | hvd init | gloo init | hvd ms | gloo ms | ratio | fds | threads
+    row = r"^\| 2 \| " + r"[\d.]+ \| " * 4 + r"[\d.]+x \| \d+ \| \d+ \|$"
+    assert re.search(row, proc.stdout, re.M), _explain(proc)
+    (result,) = json.loads(out.read_text())["results"]
+    assert result["ranks"] == 2 and result["sizes"][0]["bytes"] == 4096, result
+    assert result["fds_after_hvd"] >= result["fds_base"] > 0, result
 
 
 def test_synthetic_benchmark_use_adasum():
