@@ -47,6 +47,8 @@ KNOB_FLAGS: List[Tuple[str, str, object, str, int]] = [
     ("--log-hide-timestamp", "HOROVOD_LOG_HIDE_TIME", None, "", 1),
     ("--log-level", "HOROVOD_LOG_LEVEL", str, "LEVEL", 1),
     ("--start-timeout", "HOROVOD_START_TIMEOUT", int, "S", 1),
+    ("--hierarchical-allreduce", "HOROVOD_HIERARCHICAL_ALLREDUCE", None, "", 1),
+    ("--hierarchical-allgather", "HOROVOD_HIERARCHICAL_ALLGATHER", None, "", 1),
 ]
 
 

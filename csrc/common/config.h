@@ -38,6 +38,14 @@ namespace hvd {
   X(ring_chunk_bytes, "HOROVOD_RING_CHUNK_BYTES", int64_t, 256 * 1024,                \
     "Pipelining chunk of the ring algorithms: reduction of one chunk overlaps the "   \
     "transfer of the next.")                                                          \
+  X(hierarchical_allreduce, "HOROVOD_HIERARCHICAL_ALLREDUCE", int64_t, -1,           \
+    "Allreduce, reducescatter and broadcast among the ranks of a host through shared " \
+    "memory (across hosts: one rank per local index over TCP). -1: above "            \
+    "HOROVOD_SMALL_ALLREDUCE_BYTES when a host has several ranks; 1: every size; 0: "  \
+    "never (flat TCP).")                                                              \
+  X(hierarchical_allgather, "HOROVOD_HIERARCHICAL_ALLGATHER", int64_t, -1,           \
+    "Allgather through shared memory when every rank is on one host. -1: above "      \
+    "HOROVOD_SMALL_ALLREDUCE_BYTES; 1: every size; 0: never.")                        \
   X(stall_check_s, "HOROVOD_STALL_CHECK_TIME_SECONDS", double, 60.0,                    \
     "Seconds a collective may wait for missing ranks before the coordinator logs "    \
     "which ranks are missing which tensors.")                                         \

@@ -13,6 +13,7 @@
 #include <mutex>
 
 #include "common/logging.h"
+#include "transport/shm.h"
 
 namespace hvd {
 namespace {
@@ -167,6 +168,9 @@ Status TcpTransport::Create(StoreClient* store, const std::string& prefix, int r
       if (store->TryGet(key, &cause, &found).ok() && found) return Status::Aborted(cause);
       return st;
     }
+    if (options.hierarchical_allreduce != 0 || options.hierarchical_allgather != 0) {
+      HVD_RETURN_IF_ERROR(t->SetUpHierarchy(secret, prefix));
+    }
   }
   *out = std::move(t);
   return Status::Ok();
@@ -177,6 +181,7 @@ void TcpTransport::Abort() {
   mesh_->aborted = true;
   for (auto& s : mesh_->sockets) s.Shutdown();
   mesh_->listener.Shutdown();
+  if (local_) local_->Abort();
 }
 
 int TcpTransport::open_connections() const {

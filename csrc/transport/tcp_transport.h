@@ -13,6 +13,11 @@
 //    chunk-pipelined so the reduction of one chunk overlaps the arrival of the next.
 //  - allgather: Bruck (log n rounds, each byte received once); broadcast: binomial
 //    tree (small) or binomial scatter + Bruck allgather (large); alltoall: direct.
+//  - hierarchical (the whole mesh only, not subset views; TcpOptions): ranks of one
+//    host share a memory segment (ShmGroup). On one host, allreduce, reducescatter,
+//    allgather and broadcast run through it; across hosts with equal rank counts,
+//    allreduce is a local reduce-scatter, an allreduce of each share among the
+//    ranks with the same local index, and a local allgather.
 //
 // Connections: the higher rank of a pair connects, the lower accepts. A Run()
 // first connects to the lower-ranked peers it needs (blocking, bounded), and while
@@ -37,7 +42,16 @@ struct TcpOptions {
   double io_timeout_s = 60;        // a peer making no progress this long is lost
   size_t small_allreduce_bytes = 64 * 1024;
   size_t ring_chunk_bytes = 256 * 1024;
+  // Shared memory among the ranks of a host (see config.h): -1 auto, 1 always, 0
+  // never (the default here; the runtime passes its knobs).
+  int hierarchical_allreduce = 0;
+  int hierarchical_allgather = 0;
+  // Which host this rank is on; empty: detected (boot id and network namespace).
+  // Tests set it to make threads of one process look like several hosts.
+  std::string host_key;
 };
+
+class ShmGroup;
 
 class TcpTransport : public Communicator {
  public:
@@ -79,6 +93,9 @@ class TcpTransport : public Communicator {
   int global_rank(int r) const { return global_[r]; }
   // Sockets this process holds open to peers (for tests and the scale benchmark).
   int open_connections() const;
+  // Ranks of this communicator sharing memory with this one (itself included);
+  // empty when no shared-memory group was set up.
+  const std::vector<int>& local_ranks() const { return local_ranks_; }
 
  private:
   struct Mesh;  // sockets by mesh rank, the listener, handshakes in progress
@@ -116,6 +133,11 @@ class TcpTransport : public Communicator {
   Status RingAllgather(char* buf, const std::vector<size_t>& offsets,
                        const std::vector<size_t>& bytes);
 
+  // Hierarchy: which ranks share a host, the shared-memory group and the cross view.
+  Status SetUpHierarchy(const std::string& secret, const std::string& prefix);
+  bool UseShm(int knob, size_t bytes, bool need_one_host) const;
+  Status HierarchicalAllreduce(char* buf, size_t count, DataType dtype, ReduceOp op);
+
   TcpTransport(int rank, int size, TcpOptions options, std::shared_ptr<Mesh> mesh);
   int Fd(int r) const;
 
@@ -125,6 +147,10 @@ class TcpTransport : public Communicator {
   std::shared_ptr<Mesh> mesh_;  // shared with views
   std::vector<int> global_;     // this communicator's rank -> mesh rank
   std::vector<char> scratch_;
+  std::vector<int> local_ranks_;
+  std::unique_ptr<ShmGroup> local_;     // null: no rank shares this host, or disabled
+  std::unique_ptr<TcpTransport> cross_;  // null: one host, or hosts of unequal size
+  bool one_host_ = false;
 };
 
 }  // namespace hvd

@@ -52,6 +52,11 @@ std::string StatusString(const hvd::Status& st) {
 
 hvd::Status MakeWorld(int n, const hvd::TcpOptions& options, World* world,
                       const std::string& prefix) {
+  return MakeWorld(n, [&options](int) { return options; }, world, prefix);
+}
+
+hvd::Status MakeWorld(int n, const std::function<hvd::TcpOptions(int)>& options, World* world,
+                      const std::string& prefix) {
   world->server = std::make_unique<hvd::StoreServer>("127.0.0.1", 0, kSecret);
   if (!world->server->status().ok()) return world->server->status();
   world->clients.clear();
@@ -63,8 +68,8 @@ hvd::Status MakeWorld(int n, const hvd::TcpOptions& options, World* world,
   RunRanks(n, [&](int r) {
     st[r] = hvd::StoreClient::Connect("127.0.0.1", port, kSecret, 5.0, &world->clients[r]);
     if (!st[r].ok()) return;
-    st[r] = hvd::TcpTransport::Create(world->clients[r].get(), prefix, r, n, kSecret, options,
-                                      &world->transports[r]);
+    st[r] = hvd::TcpTransport::Create(world->clients[r].get(), prefix, r, n, kSecret,
+                                      options(r), &world->transports[r]);
   });
   for (int r = 0; r < n; ++r) {
     if (!st[r].ok()) {

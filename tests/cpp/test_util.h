@@ -58,6 +58,9 @@ struct World {
 // Builds a World; on failure returns the first rank's error.
 hvd::Status MakeWorld(int n, const hvd::TcpOptions& options, World* world,
                       const std::string& prefix = "job");
+// The same with options per rank.
+hvd::Status MakeWorld(int n, const std::function<hvd::TcpOptions(int)>& options, World* world,
+                      const std::string& prefix = "job");
 
 // Connects a StoreClient to `server`, failing the test on error.
 std::unique_ptr<hvd::StoreClient> ConnectClient(const hvd::StoreServer& server,

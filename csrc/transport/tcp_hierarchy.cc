@@ -1,0 +1,118 @@
+// The TCP transport's hierarchy: which ranks share a host, their shared-memory
+// group, and the allreduce that combines it with TCP across hosts.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+
+#include "common/logging.h"
+#include "common/sha256.h"
+#include "transport/shm.h"
+#include "transport/tcp_transport.h"
+
+namespace hvd {
+namespace {
+
+// Ranks can share a memfd segment when they run on the same kernel (boot id)
+// and in the same network namespace (the abstract socket that passes the
+// segment is per namespace; containers or test "hosts" in their own namespace
+// are hosts of their own).
+std::string HostKey() {
+  std::string boot(64, '\0');
+  int fd = ::open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+  ssize_t n = fd >= 0 ? ::read(fd, &boot[0], boot.size()) : -1;
+  if (fd >= 0) ::close(fd);
+  boot.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  while (!boot.empty() && (boot.back() == '\n' || boot.back() == '\0')) boot.pop_back();
+  struct stat st {};
+  if (boot.empty() || ::stat("/proc/self/ns/net", &st) != 0) return std::string();
+  return boot + "/" + std::to_string(st.st_ino);
+}
+
+std::string Hex(const std::string& bytes) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out += kHex[c >> 4];
+    out += kHex[c & 15];
+  }
+  return out;
+}
+
+constexpr size_t kHostKeyBytes = 80;  // fixed length for the allgather
+
+}  // namespace
+
+Status TcpTransport::SetUpHierarchy(const std::string& secret, const std::string& prefix) {
+  std::string key = options_.host_key.empty() ? HostKey() : options_.host_key;
+  if (key.size() >= kHostKeyBytes) key.clear();
+  // A rank that cannot tell its host gets a key of its own: it shares with nobody.
+  if (key.empty()) key = "rank " + std::to_string(rank_);
+  key.resize(kHostKeyBytes, '\0');
+  std::vector<std::string> keys;
+  HVD_RETURN_IF_ERROR(Allgather(key, &keys));
+  std::map<std::string, std::vector<int>> hosts;  // ranks ascending
+  for (int r = 0; r < size_; ++r) hosts[keys[r]].push_back(r);
+  const std::vector<int>& local = hosts[keys[rank_]];
+  if (local.size() < 2) return Status::Ok();
+  const int me = static_cast<int>(std::find(local.begin(), local.end(), rank_) - local.begin());
+  ShmOptions so;
+  so.timeout_s = options_.io_timeout_s;
+  // About 64 MB of segment per host at most (three buffers of one slot per rank).
+  so.slot_bytes = std::clamp<size_t>((64u << 20) / (3 * local.size()), 64u << 10, 1u << 20);
+  // Unique to the job (its secret), the mesh generation (prefix) and the host.
+  std::string group = Hex(Sha256(secret)).substr(0, 16) + "/" + prefix + "/" +
+                      std::to_string(local[0]);
+  Status st = ShmGroup::Create(group, secret, me, static_cast<int>(local.size()), so, &local_);
+  if (!st.ok()) {
+    return Status::Aborted("could not set up shared memory among the " +
+                           std::to_string(local.size()) + " ranks of this host (" +
+                           st.message() +
+                           "); set HOROVOD_HIERARCHICAL_ALLREDUCE=0 and "
+                           "HOROVOD_HIERARCHICAL_ALLGATHER=0 to use TCP only");
+  }
+  local_ranks_ = local;
+  one_host_ = hosts.size() == 1;
+  bool uniform = true;
+  for (const auto& h : hosts) uniform = uniform && h.second.size() == local.size();
+  if (!one_host_ && uniform) {
+    std::vector<int> cross;  // the rank with my local index on every host
+    for (const auto& h : hosts) cross.push_back(h.second[me]);
+    std::sort(cross.begin(), cross.end());
+    cross_ = SubsetView(cross);
+  }
+  HVD_LOG(kDebug) << "rank " << rank_ << ": " << local.size() << " ranks on this host, "
+                  << hosts.size() << " hosts" << (cross_ ? ", hierarchical allreduce" : "");
+  return Status::Ok();
+}
+
+// Whether a collective of `bytes` goes through shared memory, given its knob.
+bool TcpTransport::UseShm(int knob, size_t bytes, bool need_one_host) const {
+  if (!local_ || knob == 0) return false;
+  if (need_one_host ? !one_host_ : !(one_host_ || cross_)) return false;
+  return knob == 1 || bytes > options_.small_allreduce_bytes;
+}
+
+// One host: the segment alone. Several: reduce-scatter within the host, allreduce
+// of this rank's share with the same share on every other host, allgather within
+// the host. Every step is deterministic, so all ranks get identical bits.
+Status TcpTransport::HierarchicalAllreduce(char* buf, size_t count, DataType dtype,
+                                           ReduceOp op) {
+  if (one_host_) return local_->Allreduce(buf, count, dtype, op);
+  const int n = local_->size(), me = local_->rank();
+  const size_t esize = DataTypeSize(dtype);
+  std::vector<size_t> counts(n, count / n), bytes(n);
+  for (size_t r = 0; r < count % n; ++r) ++counts[r];
+  size_t offset = 0;
+  for (int r = 0; r < n; ++r) {
+    bytes[r] = counts[r] * esize;
+    if (r < me) offset += bytes[r];
+  }
+  HVD_RETURN_IF_ERROR(local_->ReduceScatter(buf, counts, dtype, op));
+  HVD_RETURN_IF_ERROR(cross_->Allreduce(buf + offset, counts[me], dtype, op));
+  return local_->Allgather(buf, bytes);
+}
+
+}  // namespace hvd
