@@ -128,7 +128,7 @@ Status Controller::FastCycle(std::vector<Response>* responses, bool* done) {
     }
     const uint64_t* w = reinterpret_cast<const uint64_t*>(all[r].data());
     need_full = need_full || (w[0] & 1);
-    lists[r].ready_bits.assign(w + 1, w + 1 + words);
+    if (control_->rank() == 0) lists[r].ready_bits.assign(w + 1, w + 1 + words);
     for (size_t i = 0; i < words; ++i) out.ready_bits[i] &= w[1 + i];
   }
   *done = !need_full;  // the same decision on every rank: they all saw the same bits
@@ -268,14 +268,23 @@ void Controller::TrackPartialBits(const std::vector<RequestList>& lists) {
   using Clock = std::chrono::steady_clock;
   const auto now = Clock::now();
   const int size = static_cast<int>(lists.size());
-  // Cache positions set on some ranks but not all.
+  // Cache positions set on some ranks but not all: OR & ~AND, a word at a time
+  // (this runs every cycle on the coordinator: ranks x words, not ranks x bits).
+  const size_t words = cache_.num_words();
+  std::vector<uint64_t> any(words, 0), all(words, ~0ull);
+  for (const auto& l : lists) {
+    for (size_t w = 0; w < words && w < l.ready_bits.size(); ++w) {
+      any[w] |= l.ready_bits[w];
+      all[w] &= l.ready_bits[w];
+    }
+  }
+  if (size == 0) all.assign(words, 0);
   std::map<int, Clock::time_point> still;
-  for (size_t pos = 0; pos < cache_.capacity(); ++pos) {
-    int set = 0;
-    for (const auto& l : lists) set += TestBit(l.ready_bits, pos) ? 1 : 0;
-    if (set > 0 && set < size) {
-      auto it = partial_bits_.find(static_cast<int>(pos));
-      still[static_cast<int>(pos)] = it == partial_bits_.end() ? now : it->second;
+  for (size_t w = 0; w < words; ++w) {
+    for (uint64_t partial = any[w] & ~all[w]; partial != 0; partial &= partial - 1) {
+      int pos = static_cast<int>(w * 64 + static_cast<size_t>(__builtin_ctzll(partial)));
+      auto it = partial_bits_.find(pos);
+      still[pos] = it == partial_bits_.end() ? now : it->second;
     }
   }
   partial_bits_.swap(still);
