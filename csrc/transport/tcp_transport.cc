@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -38,6 +39,10 @@ struct TcpTransport::Mesh {
   double connect_timeout_s = 30;
   Socket listener;
   std::vector<Socket> sockets;  // by mesh rank; invalid until connected
+  // Peers whose socket hung up while we had nothing to exchange with them (a rank
+  // that finished the last cycle and left, or one that died): polled again only
+  // for a transfer, which reads what they sent before leaving, then fails.
+  std::vector<bool> hung_up;
 
   // A connection accepted on the listener whose job-secret handshake is under way:
   // the nonce went out, the reply frame is being read without blocking.
@@ -48,15 +53,19 @@ struct TcpTransport::Mesh {
   };
   std::vector<Incoming> incoming;
 
-  std::mutex mu;         // guards installing sockets against Abort()
-  bool aborted = false;  // GUARDED_BY(mu)
+  std::mutex mu;                     // guards installing sockets against Abort()
+  std::atomic<bool> aborted{false};  // set under mu; Run() checks it every round
 
   Status Install(int peer, Socket s) {
     std::lock_guard<std::mutex> lock(mu);
-    if (aborted) return Status::Aborted("the TCP transport was aborted");
+    if (aborted) return AbortedStatus();
     TuneForData(s.fd());
     sockets[peer] = std::move(s);
     return Status::Ok();
+  }
+
+  static Status AbortedStatus() {
+    return Status::Aborted("the TCP transport was aborted (shutting down after an error)");
   }
 
   // Accepts every connection waiting on the listener and sends each its nonce.
@@ -136,6 +145,7 @@ Status TcpTransport::Create(StoreClient* store, const std::string& prefix, int r
   mesh->size = size;
   mesh->connect_timeout_s = options.connect_timeout_s;
   mesh->sockets.resize(size);
+  mesh->hung_up.assign(size, false);
   std::unique_ptr<TcpTransport> t(new TcpTransport(rank, size, options, mesh));
   if (size > 1) {
     // Listen on the address we reach the store from: peers reach us the same way.
@@ -208,6 +218,7 @@ Status TcpTransport::ConnectLower(const std::vector<int>& peers) {
   Mesh& m = *mesh_;
   const double timeout = m.connect_timeout_s;
   for (int p : peers) {
+    if (m.aborted) return Mesh::AbortedStatus();
     const int g = global_[p];
     if (m.sockets[g].valid()) continue;
     std::string addr;
@@ -257,13 +268,15 @@ Status TcpTransport::Run(std::vector<Xfer>& xs) {
   std::vector<pollfd> fds;
   std::vector<int> who;  // >= 0: a peer; -1: the listener; <= -2: incoming[-2 - who]
   while (pending > 0) {
+    if (m.aborted) return Mesh::AbortedStatus();
     fds.clear();
     who.clear();
     for (int p = 0; p < size_; ++p) {
       if (p == rank_ || Fd(p) < 0) continue;
       short ev = (sendq[p].empty() ? 0 : POLLOUT) | (recvq[p].empty() ? 0 : POLLIN);
+      if (ev == 0 && m.hung_up[global_[p]]) continue;
       // Peers we exchange nothing with are watched for hang-ups only (their early
-      // data for a later exchange must stay unread), so a death anywhere is seen.
+      // data for a later exchange must stay unread).
       fds.push_back(pollfd{Fd(p), static_cast<short>(ev | POLLRDHUP), 0});
       who.push_back(p);
     }
@@ -280,34 +293,35 @@ Status TcpTransport::Run(std::vector<Xfer>& xs) {
       if (errno == EINTR) continue;
       return Status::Aborted(std::string("poll failed: ") + std::strerror(errno));
     }
-    if (rc == 0) {
-      m.DropExpired();
-      for (int p = 0; p < size_; ++p) {
-        if (Fd(p) < 0 && (!sendq[p].empty() || !recvq[p].empty()) &&
-            Since(start) > m.connect_timeout_s) {
-          return Status::Aborted("rank " + std::to_string(global_[p]) +
-                                 " did not reach the rendezvous within " +
-                                 std::to_string(m.connect_timeout_s) +
-                                 " s (HOROVOD_START_TIMEOUT): it never started, or died");
-        }
+    // Deadlines are checked every round: a stream of events on other sockets
+    // (a client knocking on the listener) must not hide a peer that is stuck.
+    m.DropExpired();
+    for (int p = 0; p < size_; ++p) {
+      if (Fd(p) < 0 && (!sendq[p].empty() || !recvq[p].empty()) &&
+          Since(start) > m.connect_timeout_s) {
+        return Status::Aborted("rank " + std::to_string(global_[p]) +
+                               " did not reach the rendezvous within " +
+                               std::to_string(m.connect_timeout_s) +
+                               " s (HOROVOD_START_TIMEOUT): it never started, or died");
       }
-      double idle = Since(last_progress);
-      if (idle > options_.io_timeout_s) {
-        for (int p = 0; p < size_; ++p) {
-          if (Fd(p) >= 0 && (!sendq[p].empty() || !recvq[p].empty())) {
-            return Status::Aborted("rank " + std::to_string(global_[p]) + " made no progress for " +
-                                   std::to_string(idle) +
-                                   " s (HOROVOD_TCP_TIMEOUT); treating it as lost");
-          }
-        }
-      }
-      continue;
     }
+    double idle = Since(last_progress);
+    if (idle > options_.io_timeout_s) {
+      for (int p = 0; p < size_; ++p) {
+        if (Fd(p) >= 0 && (!sendq[p].empty() || !recvq[p].empty())) {
+          return Status::Aborted("rank " + std::to_string(global_[p]) + " made no progress for " +
+                                 std::to_string(idle) +
+                                 " s (HOROVOD_TCP_TIMEOUT); treating it as lost");
+        }
+      }
+    }
+    if (rc == 0) continue;
     std::vector<size_t> finished;  // incoming handshakes done this round
     for (size_t i = 0; i < fds.size(); ++i) {
       short re = fds[i].revents;
       if (re == 0) continue;
       if (who[i] == -1) {
+        if (re & (POLLERR | POLLHUP | POLLNVAL)) return Mesh::AbortedStatus();  // shut down
         m.AcceptWaiting();
         continue;
       }
@@ -318,9 +332,10 @@ Status TcpTransport::Run(std::vector<Xfer>& xs) {
       }
       int p = who[i];
       if (sendq[p].empty() && recvq[p].empty()) {
-        if (re & (POLLRDHUP | POLLHUP | POLLERR)) {
-          return Status::Aborted(PeerLost(global_[p], "closed by the other side"));
-        }
+        // Not an error by itself: after the final cycle ranks leave at different
+        // times. If the peer died, whoever waits on it fails and aborts, and the
+        // failure reaches us through the peers we do wait on.
+        if (re & (POLLRDHUP | POLLHUP | POLLERR)) m.hung_up[global_[p]] = true;
         continue;
       }
       if ((re & (POLLIN | POLLERR | POLLHUP)) && !recvq[p].empty()) {
