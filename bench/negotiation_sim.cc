@@ -157,6 +157,9 @@ class MeasuredPlane : public hvd::ControlPlane {
   Status Allgather(const std::string& mine, std::vector<std::string>* all) override {
     return Timed([&] { return inner_->Allgather(mine, all); });
   }
+  Status AllreduceBits(std::vector<uint64_t>* and_bits, std::vector<uint64_t>* or_bits) override {
+    return Timed([&] { return inner_->AllreduceBits(and_bits, or_bits); });
+  }
   int64_t cpu_ns = 0;
 
  private:
@@ -328,10 +331,12 @@ Result Simulate(int n, int t, int steps, size_t capacity, bool steady_exchange) 
         res.check = "rank " + std::to_string(r) + " step " + std::to_string(s) +
                     ": responses differ from rank 0's or are incomplete";
       } else if (s > 0 && steady_exchange &&
-                 (cs.traffic.gathers != 0 || cs.traffic.allgathers != 1)) {
+                 (cs.traffic.gathers != 0 ||
+                  cs.traffic.allgathers + cs.traffic.bit_allreduces != 1)) {
         res.check = "rank " + std::to_string(r) + " step " + std::to_string(s) +
                     ": steady cycle used " + std::to_string(cs.traffic.gathers) + " gathers, " +
-                    std::to_string(cs.traffic.allgathers) + " allgathers";
+                    std::to_string(cs.traffic.allgathers) + " allgathers and " +
+                    std::to_string(cs.traffic.bit_allreduces) + " bit allreduces";
       }
     }
   }

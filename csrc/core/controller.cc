@@ -108,40 +108,71 @@ Status Controller::Cycle(std::vector<Request> fresh, bool want_shutdown,
 
 Status Controller::FastCycle(std::vector<Response>* responses, bool* done) {
   const size_t words = cache_.num_words();
-  std::vector<uint64_t> msg(1 + words, 0);
-  msg[0] = fast_need_full_ ? 1 : 0;
-  for (auto& kv : cached_pending_) {
-    msg[1 + kv.first / 64] |= 1ull << (kv.first % 64);
-  }
-  std::vector<std::string> all;
-  HVD_RETURN_IF_ERROR(control_->Allgather(
-      std::string(reinterpret_cast<const char*>(msg.data()), msg.size() * 8), &all));
-  const int size = static_cast<int>(all.size());
-  std::vector<RequestList> lists(size);
-  bool need_full = false;
+  std::vector<uint64_t> mine(words, 0);
+  for (auto& kv : cached_pending_) mine[kv.first / 64] |= 1ull << (kv.first % 64);
+  const int size = control_->size();
+  const bool coordinator = control_->rank() == 0;
   ResponseList out;
-  out.ready_bits.assign(words, ~0ull);
   out.invalid_bits.assign(words, 0);
-  for (int r = 0; r < size; ++r) {
-    if (all[r].size() != msg.size() * 8) {
-      return Status::Aborted("rank " + std::to_string(r) + " sent a malformed cache exchange");
+  std::vector<uint64_t> any;  // OR over ranks (coordinator: for the stall inspector)
+  std::vector<RequestList> lists;  // per rank (coordinator, per-rank exchange only)
+  if (size > kPerRankBitsMaxRanks) {
+    // Many ranks: an AND/OR allreduce, O(log n) rounds of O(capacity) bits. The
+    // coordinator learns which positions are ready somewhere (OR) but not on
+    // which ranks: a timeline marks cached ops ready on all ranks at once.
+    out.ready_bits = mine;
+    any.assign(1 + words, 0);
+    any[0] = fast_need_full_ ? 1 : 0;
+    std::copy(mine.begin(), mine.end(), any.begin() + 1);
+    HVD_RETURN_IF_ERROR(control_->AllreduceBits(&out.ready_bits, &any));
+    *done = (any[0] & 1) == 0;
+    any.erase(any.begin());
+  } else {
+    // Few ranks: every rank's bits to every rank (one allgather), so the
+    // coordinator's timeline shows when each rank became ready.
+    std::vector<uint64_t> msg(1 + words, 0);
+    msg[0] = fast_need_full_ ? 1 : 0;
+    std::copy(mine.begin(), mine.end(), msg.begin() + 1);
+    std::vector<std::string> all;
+    HVD_RETURN_IF_ERROR(control_->Allgather(
+        std::string(reinterpret_cast<const char*>(msg.data()), msg.size() * 8), &all));
+    out.ready_bits.assign(words, ~0ull);
+    any.assign(words, 0);
+    if (coordinator) lists.resize(all.size());
+    bool need_full = false;
+    for (size_t r = 0; r < all.size(); ++r) {
+      if (all[r].size() != msg.size() * 8) {
+        return Status::Aborted("rank " + std::to_string(r) + " sent a malformed cache exchange");
+      }
+      const uint64_t* w = reinterpret_cast<const uint64_t*>(all[r].data());
+      need_full = need_full || (w[0] & 1);
+      if (coordinator) lists[r].ready_bits.assign(w + 1, w + 1 + words);
+      for (size_t i = 0; i < words; ++i) {
+        out.ready_bits[i] &= w[1 + i];
+        any[i] |= w[1 + i];
+      }
     }
-    const uint64_t* w = reinterpret_cast<const uint64_t*>(all[r].data());
-    need_full = need_full || (w[0] & 1);
-    if (control_->rank() == 0) lists[r].ready_bits.assign(w + 1, w + 1 + words);
-    for (size_t i = 0; i < words; ++i) out.ready_bits[i] &= w[1 + i];
+    *done = !need_full;  // the same decision on every rank: they all saw the same bits
   }
-  *done = !need_full;  // the same decision on every rank: they all saw the same bits
-  if (need_full) return Status::Ok();
-  if (control_->rank() == 0) CoordinateFast(lists, out);
+  if (!*done) return Status::Ok();
+  if (coordinator) {
+    if (timeline_ != nullptr && timeline_->active()) {
+      if (lists.empty()) {
+        RequestList everyone;
+        everyone.ready_bits = out.ready_bits;
+        lists.assign(size, everyone);
+      }
+      TraceCachedBits(lists, out);
+    }
+    CoordinateFast(any, out);
+  }
   Apply(out, responses);
   return Status::Ok();
 }
 
-void Controller::CoordinateFast(const std::vector<RequestList>& lists, const ResponseList& out) {
-  if (timeline_ != nullptr && timeline_->active()) TraceCachedBits(lists, out);
+void Controller::CoordinateFast(const std::vector<uint64_t>& any, const ResponseList& out) {
   AutotuneStep(out);
-  TrackPartialBits(lists);
+  TrackPartialBits(any, out.ready_bits);
   // A stall report (or a stall shutdown) needs a full cycle to reach every rank.
   const auto now = std::chrono::steady_clock::now();
   if (std::chrono::duration<double>(now - last_stall_log_).count() < stall_.check_s) return;
@@ -264,21 +295,13 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
   return out;
 }
 
-void Controller::TrackPartialBits(const std::vector<RequestList>& lists) {
+void Controller::TrackPartialBits(const std::vector<uint64_t>& any,
+                                  const std::vector<uint64_t>& all) {
   using Clock = std::chrono::steady_clock;
   const auto now = Clock::now();
-  const int size = static_cast<int>(lists.size());
   // Cache positions set on some ranks but not all: OR & ~AND, a word at a time
-  // (this runs every cycle on the coordinator: ranks x words, not ranks x bits).
-  const size_t words = cache_.num_words();
-  std::vector<uint64_t> any(words, 0), all(words, ~0ull);
-  for (const auto& l : lists) {
-    for (size_t w = 0; w < words && w < l.ready_bits.size(); ++w) {
-      any[w] |= l.ready_bits[w];
-      all[w] &= l.ready_bits[w];
-    }
-  }
-  if (size == 0) all.assign(words, 0);
+  // (this runs every cycle on the coordinator).
+  const size_t words = std::min(any.size(), all.size());
   std::map<int, Clock::time_point> still;
   for (size_t w = 0; w < words; ++w) {
     for (uint64_t partial = any[w] & ~all[w]; partial != 0; partial &= partial - 1) {
@@ -294,7 +317,18 @@ void Controller::InspectStalls(const std::vector<RequestList>& lists, ResponseLi
   using Clock = std::chrono::steady_clock;
   const auto now = Clock::now();
   const int size = static_cast<int>(lists.size());
-  TrackPartialBits(lists);
+  {
+    // OR and AND of the ranks' ready bits (an empty list set: nothing partial).
+    const size_t words = cache_.num_words();
+    std::vector<uint64_t> any(words, 0), all(words, size > 0 ? ~0ull : 0);
+    for (const auto& l : lists) {
+      for (size_t w = 0; w < words && w < l.ready_bits.size(); ++w) {
+        any[w] |= l.ready_bits[w];
+        all[w] &= l.ready_bits[w];
+      }
+    }
+    TrackPartialBits(any, all);
+  }
   double age_s = std::chrono::duration<double>(now - last_stall_log_).count();
   if (age_s < stall_.check_s) return;
   std::string report;

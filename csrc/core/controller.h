@@ -1,9 +1,10 @@
 // The controller runs one negotiation cycle per call, for one process set.
 //
-// Steady state (after the first full cycle): every rank sends one bit vector
-// (its pending cache hits, plus a "needs a full cycle" flag) to every other rank in
-// a single exchange (ControlPlane::Allgather), and each rank ANDs them itself: one
-// network hop, no coordinator. A full cycle runs instead whenever any rank sets the
+// Steady state (after the first full cycle): one exchange of bit vectors (each
+// rank's pending cache hits, plus a "needs a full cycle" flag), no coordinator hop.
+// Up to kPerRankBitsMaxRanks ranks it is an allgather (ControlPlane::Allgather), so
+// the coordinator sees which rank is ready when (timeline); beyond, an AND/OR
+// allreduce (ControlPlane::AllreduceBits: O(log n) rounds of O(capacity) bits). A full cycle runs instead whenever any rank sets the
 // flag: it has a request the cache cannot serve, a stale cache entry, a pending
 // join or shutdown, or (coordinator) an autotune setting or a stall report to send.
 // A full cycle:
@@ -42,6 +43,8 @@ struct StallOptions {
 
 class Controller {
  public:
+  static constexpr int kPerRankBitsMaxRanks = 64;
+
   Controller(ControlPlane* control, size_t cache_capacity, StallOptions stall = {});
 
   // One cycle. `fresh`: requests submitted since the last cycle. On return
@@ -73,9 +76,11 @@ class Controller {
   // The steady-state exchange; *done is false when some rank needs a full cycle.
   Status FastCycle(std::vector<Response>* responses, bool* done);
   // Coordinator, after a steady-state exchange: timeline, stall watch, autotune.
-  void CoordinateFast(const std::vector<RequestList>& lists, const ResponseList& out);
+  // `any`: OR over ranks of the ready bits.
+  void CoordinateFast(const std::vector<uint64_t>& any, const ResponseList& out);
   // Stall inspector bookkeeping: which cache positions are set on some ranks only.
-  void TrackPartialBits(const std::vector<RequestList>& lists);
+  // `any` / `all`: OR / AND over ranks of the ready bits.
+  void TrackPartialBits(const std::vector<uint64_t>& any, const std::vector<uint64_t>& all);
   void AutotuneStep(const ResponseList& out);
   ResponseList Coordinate(const std::vector<RequestList>& lists, bool* ok, std::string* error);
   void Apply(const ResponseList& list, std::vector<Response>* out);

@@ -129,6 +129,24 @@ Status TcpTransport::Allgather(const std::string& mine, std::vector<std::string>
   return Status::Ok();
 }
 
+Status TcpTransport::AllreduceBits(std::vector<uint64_t>* and_bits,
+                                   std::vector<uint64_t>* or_bits) {
+  if (size_ == 1) return Status::Ok();
+  const size_t na = and_bits->size(), no = or_bits->size();
+  std::vector<uint64_t> words(*and_bits);
+  words.insert(words.end(), or_bits->begin(), or_bits->end());
+  HVD_RETURN_IF_ERROR(RecursiveDoubling(
+      reinterpret_cast<char*>(words.data()), words.size() * 8, [&](char* dst, const char* src) {
+        uint64_t* d = reinterpret_cast<uint64_t*>(dst);
+        const uint64_t* s = reinterpret_cast<const uint64_t*>(src);
+        for (size_t i = 0; i < na; ++i) d[i] &= s[i];
+        for (size_t i = na; i < na + no; ++i) d[i] |= s[i];
+      }));
+  std::copy(words.begin(), words.begin() + na, and_bits->begin());
+  std::copy(words.begin() + na, words.begin() + na + no, or_bits->begin());
+  return Status::Ok();
+}
+
 void TcpTransport::AddBlocks(std::vector<Xfer>* xs, int peer, bool send, char* buf,
                              const std::vector<size_t>& offsets,
                              const std::vector<size_t>& bytes, int first, int count) {
@@ -246,7 +264,9 @@ Status TcpTransport::Allreduce(void* buf, size_t count, DataType dtype, ReduceOp
   }
   if (count * esize <= options_.small_allreduce_bytes || count < static_cast<size_t>(size_)) {
     if (size_ <= kDirectReduceMaxRanks) return DirectReduce(buf, {count}, dtype, op, buf, true);
-    return RecursiveDoubling(p, count, dtype, op);
+    return RecursiveDoubling(p, count * esize, [&](char* dst, const char* src) {
+      ReduceInto(dst, src, count, dtype, op);
+    });
   }
   std::vector<size_t> counts(size_, count / size_);
   for (size_t r = 0; r < count % size_; ++r) ++counts[r];
@@ -293,8 +313,8 @@ Status TcpTransport::DirectReduce(void* buf, const std::vector<size_t>& counts, 
 // into rank - p2 and get the result back at the end. In each round partners
 // exchange everything and both compute op(lower rank's, higher rank's), so all
 // ranks hold bitwise identical values after every round (Min/Max with NaN, too).
-Status TcpTransport::RecursiveDoubling(char* buf, size_t count, DataType dtype, ReduceOp op) {
-  const size_t bytes = count * DataTypeSize(dtype);
+Status TcpTransport::RecursiveDoubling(char* buf, size_t bytes,
+                                       const std::function<void(char*, const char*)>& reduce) {
   int p2 = 1;
   while (p2 * 2 <= size_) p2 *= 2;
   const int extra = size_ - p2;
@@ -308,16 +328,16 @@ Status TcpTransport::RecursiveDoubling(char* buf, size_t count, DataType dtype, 
   if (rank_ < extra) {
     xs = {{rank_ + p2, false, tmp, bytes}};
     HVD_RETURN_IF_ERROR(Run(xs));
-    ReduceInto(buf, tmp, count, dtype, op);
+    reduce(buf, tmp);
   }
   for (int mask = 1; mask < p2; mask <<= 1) {
     int partner = rank_ ^ mask;
     xs = {{partner, true, buf, bytes}, {partner, false, tmp, bytes}};
     HVD_RETURN_IF_ERROR(Run(xs));
     if (rank_ < partner) {
-      ReduceInto(buf, tmp, count, dtype, op);
+      reduce(buf, tmp);
     } else {
-      ReduceInto(tmp, buf, count, dtype, op);
+      reduce(tmp, buf);
       std::memcpy(buf, tmp, bytes);
     }
   }
@@ -385,7 +405,9 @@ Status TcpTransport::Reducescatter(void* buf, const std::vector<size_t>& counts,
     HVD_RETURN_IF_ERROR(local_->ReduceScatter(p, counts, dtype, op));
   } else if (size_ > 1 && total * esize <= options_.small_allreduce_bytes) {
     if (size_ <= kDirectReduceMaxRanks) return DirectReduce(buf, counts, dtype, op, out, false);
-    HVD_RETURN_IF_ERROR(RecursiveDoubling(p, total, dtype, op));
+    HVD_RETURN_IF_ERROR(RecursiveDoubling(p, total * esize, [&](char* dst, const char* src) {
+      ReduceInto(dst, src, total, dtype, op);
+    }));
   } else if (size_ > 1) {
     HVD_RETURN_IF_ERROR(RingReduceScatter(p, offsets, counts, dtype, op));
   }

@@ -68,6 +68,8 @@ class TcpTransport : public Communicator {
   Status Gather(const std::string& mine, std::vector<std::string>* all) override;
   Status Bcast(std::string* data) override;
   Status Allgather(const std::string& mine, std::vector<std::string>* all) override;
+  // Recursive doubling: ceil(log2 n) rounds of the vectors' size, whatever n.
+  Status AllreduceBits(std::vector<uint64_t>* and_bits, std::vector<uint64_t>* or_bits) override;
 
   Status Allreduce(void* buf, size_t count, DataType dtype, ReduceOp op) override;
   Status Allgatherv(const void* send, void* recv, const std::vector<size_t>& bytes) override;
@@ -127,7 +129,10 @@ class TcpTransport : public Communicator {
                      const std::vector<size_t>& bytes, int root);
   Status DirectReduce(void* buf, const std::vector<size_t>& counts, DataType dtype,
                       ReduceOp op, void* out, bool all);
-  Status RecursiveDoubling(char* buf, size_t count, DataType dtype, ReduceOp op);
+  // reduce(dst, src) sets dst = op(dst, src) over `bytes`; it is always called with
+  // the lower rank's data in dst, so results are identical on every rank.
+  Status RecursiveDoubling(char* buf, size_t bytes,
+                           const std::function<void(char*, const char*)>& reduce);
   Status RingReduceScatter(char* buf, const std::vector<size_t>& offsets,
                            const std::vector<size_t>& counts, DataType dtype, ReduceOp op);
   Status RingAllgather(char* buf, const std::vector<size_t>& offsets,

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,7 +34,36 @@ class ControlPlane {
   // Every rank gets every rank's `mine` (indexed by rank) in one exchange; all
   // ranks pass messages of the same length.
   virtual Status Allgather(const std::string& mine, std::vector<std::string>* all) = 0;
+  // Every rank ends with the AND over ranks of *and_bits and the OR of *or_bits
+  // (each vector the same length on every rank). The steady-state negotiation of
+  // many ranks uses it; this default goes through Allgather.
+  virtual Status AllreduceBits(std::vector<uint64_t>* and_bits, std::vector<uint64_t>* or_bits);
 };
+
+inline Status ControlPlane::AllreduceBits(std::vector<uint64_t>* and_bits,
+                                          std::vector<uint64_t>* or_bits) {
+  const size_t na = and_bits->size(), no = or_bits->size();
+  std::string mine((na + no) * 8, '\0');
+  std::memcpy(&mine[0], and_bits->data(), na * 8);
+  std::memcpy(&mine[na * 8], or_bits->data(), no * 8);
+  std::vector<std::string> all;
+  HVD_RETURN_IF_ERROR(Allgather(mine, &all));
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r].size() != mine.size()) {
+      return Status::Aborted("rank " + std::to_string(r) + " sent a bit vector of another length");
+    }
+    for (size_t i = 0; i < na + no; ++i) {
+      uint64_t w;
+      std::memcpy(&w, all[r].data() + i * 8, 8);
+      if (i < na) {
+        (*and_bits)[i] &= w;
+      } else {
+        (*or_bits)[i - na] |= w;
+      }
+    }
+  }
+  return Status::Ok();
+}
 
 class Collectives {
  public:

@@ -17,6 +17,7 @@ PlaneStats PlaneStats::operator-(const PlaneStats& o) const {
   d.gathers = gathers - o.gathers;
   d.bcasts = bcasts - o.bcasts;
   d.allgathers = allgathers - o.allgathers;
+  d.bit_allreduces = bit_allreduces - o.bit_allreduces;
   d.msgs_sent = msgs_sent - o.msgs_sent;
   d.msgs_recv = msgs_recv - o.msgs_recv;
   d.bytes_sent = bytes_sent - o.bytes_sent;
@@ -193,6 +194,23 @@ hvd::Status MemControlPlane::Allgather(const std::string& mine, std::vector<std:
   stats_.msgs_recv += n - 1;
   stats_.bytes_sent += static_cast<int64_t>(mine.size()) * (n - 1);
   stats_.bytes_recv += static_cast<int64_t>(mine.size()) * (n - 1);
+  return st;
+}
+
+hvd::Status MemControlPlane::AllreduceBits(std::vector<uint64_t>* and_bits,
+                                           std::vector<uint64_t>* or_bits) {
+  const PlaneStats before = stats_;
+  hvd::Status st = ControlPlane::AllreduceBits(and_bits, or_bits);  // via Allgather
+  const int n = world_->size();
+  int rounds = 0;
+  while ((1 << rounds) < n) ++rounds;
+  const int64_t bytes = static_cast<int64_t>(and_bits->size() + or_bits->size()) * 8;
+  stats_ = before;
+  ++stats_.bit_allreduces;
+  stats_.msgs_sent += rounds;
+  stats_.msgs_recv += rounds;
+  stats_.bytes_sent += rounds * bytes;
+  stats_.bytes_recv += rounds * bytes;
   return st;
 }
 

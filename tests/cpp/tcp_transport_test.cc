@@ -538,6 +538,36 @@ TEST_P(TcpCollectives, GatherAndBcastControlPlane) {
   for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }
 
+// AND and OR over ranks of bit vectors (the steady-state negotiation of many ranks).
+TEST_P(TcpCollectives, AllreduceBits) {
+  Watchdog wd(30, "AllreduceBits");
+  const int n = GetParam();
+  std::vector<std::string> errors(n);
+  RunRanks(n, [&](int r) {
+    for (size_t words : {size_t{1}, size_t{17}}) {
+      std::vector<uint64_t> a(words), o(words + 1);
+      for (size_t i = 0; i < words; ++i) a[i] = ~(1ull << ((r + i) % 64));  // all but bit r+i
+      for (size_t i = 0; i <= words; ++i) o[i] = 1ull << ((r * 3 + i) % 64);
+      Status st = world_.transports[r]->AllreduceBits(&a, &o);
+      if (!st.ok()) {
+        errors[r] = st.message();
+        return;
+      }
+      for (size_t i = 0; i < words; ++i) {
+        uint64_t want = ~0ull;
+        for (int q = 0; q < n; ++q) want &= ~(1ull << ((q + i) % 64));
+        if (a[i] != want) errors[r] += "and word " + std::to_string(i) + "; ";
+      }
+      for (size_t i = 0; i <= words; ++i) {
+        uint64_t want = 0;
+        for (int q = 0; q < n; ++q) want |= 1ull << ((q * 3 + i) % 64);
+        if (o[i] != want) errors[r] += "or word " + std::to_string(i) + "; ";
+      }
+    }
+  });
+  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
 // 5, 8 and 11 ranks take the recursive-doubling, Bruck and tree paths (with and
 // without a power of two).
 INSTANTIATE_TEST_SUITE_P(Ranks, TcpCollectives, ::testing::Values(1, 2, 3, 4, 5, 8, 11),
