@@ -13,7 +13,7 @@ OMP_NUM_THREADS=1 (and torch.set_num_threads(1) in the workers). Each worker:
    hvd.allreduce, counts its open file descriptors and threads;
 2. times ``dist.init_process_group("gloo", init_method="tcp://127.0.0.1:BENCH_PORT")``;
 3. per size, after 3 warm-up rounds, alternates hvd.allreduce_ and dist.all_reduce
-   on a float32 tensor, each op after a gloo barrier, timing every op; then runs
+   on a float32 tensor, each op after a barrier of its own library, timing every op; then runs
    each library's ops back to back ("b2b": total time / ops, no barrier between
    ops, so no barrier exit skew in it).
 
@@ -140,7 +140,9 @@ def _measure(hvd, dist, torch, sizes: List[int], iters: int,
         for i in range(WARMUP + n_iter):
             for lib, t in bufs.items():
                 dog.arm(f"{lib} allreduce {size_str(nbytes)}, round {i}")
-                dist.barrier()
+                # Each library's op after its own barrier: the op's time then holds
+                # that barrier's exit skew, not the other library's.
+                hvd.barrier() if lib == "hvd" else dist.barrier()
                 start = time.perf_counter()
                 if lib == "hvd":
                     hvd.allreduce_(t, name=f"scale.{nbytes}", op=hvd.Sum)
