@@ -19,9 +19,11 @@ namespace hvd {
   X(wake_delay_us, "HOROVOD_WAKE_DELAY_US", double, 0.0,                              \
     "After a new request wakes the background thread, wait this many microseconds "  \
     "before negotiating, so requests arriving together are fused.")                  \
-  X(spin_us, "HOROVOD_SPIN_US", double, 0.0,                                          \
+  X(spin_us, "HOROVOD_SPIN_US", double, -1.0,                                         \
     "After a cycle that ran work, poll for new requests this many microseconds "      \
-    "before sleeping: lower latency for back-to-back ops at the cost of a busy core.") \
+    "before sleeping, and let a thread waiting for an op poll as long before it "     \
+    "sleeps: lower latency for back-to-back ops at the cost of busy cores. -1: 100 "  \
+    "when the process sees a CUDA device, else 0.")                                   \
   X(cache_capacity, "HOROVOD_CACHE_CAPACITY", int64_t, 1024,                          \
     "Number of responses kept in the response cache (0 disables the cache).")         \
   X(steady_exchange, "HOROVOD_STEADY_STATE_EXCHANGE", int64_t, 1,                     \

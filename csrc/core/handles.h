@@ -8,9 +8,12 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 
 #include "common/status.h"
@@ -40,6 +43,7 @@ class HandleState {
       splits_ = std::move(splits);
       event_ = std::move(event);
       done_ = true;
+      done_flag_.store(true, std::memory_order_release);
     }
     cv_.notify_all();
   }
@@ -53,8 +57,18 @@ class HandleState {
     }
     return event == nullptr || event->Ready();
   }
-  // Blocks until complete. Call without the Python GIL held.
-  void Wait() {
+  // Blocks until complete. Call without the Python GIL held. With spin_us > 0 it
+  // first polls that long (yielding) before sleeping: a short op then returns
+  // without a condition-variable wake-up (HOROVOD_SPIN_US).
+  void Wait(double spin_us = 0) {
+    if (spin_us > 0) {
+      auto until = std::chrono::steady_clock::now() +
+                   std::chrono::microseconds(static_cast<int64_t>(spin_us));
+      while (!done_flag_.load(std::memory_order_acquire) &&
+             std::chrono::steady_clock::now() < until) {
+        std::this_thread::yield();
+      }
+    }
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [this] { return done_; });
   }
@@ -68,6 +82,7 @@ class HandleState {
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;       // GUARDED_BY(mu_)
+  std::atomic<bool> done_flag_{false};  // done_, readable without mu_ (Wait's spin)
   Status status_;           // GUARDED_BY(mu_), immutable once done_
   at::Tensor output_;
   at::Tensor splits_;

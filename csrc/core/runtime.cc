@@ -4,6 +4,8 @@
 #include <cstring>
 #include <numeric>
 
+#include <ATen/Context.h>
+
 #include "common/check.h"
 #include "common/logging.h"
 #include "core/fusion.h"
@@ -40,6 +42,9 @@ int64_t RowElems(const std::vector<int64_t>& shape) {
 Status Runtime::Create(const WorldInfo& world, const Config& config,
                        std::unique_ptr<Runtime>* out) {
   std::unique_ptr<Runtime> rt(new Runtime(world, config));
+  // Spinning saves the thread wake-ups that dominate a small GPU op's latency
+  // (docs/benchmarks.md); CPU-only processes keep their cores.
+  if (rt->config_.spin_us < 0) rt->config_.spin_us = at::hasCUDA() ? 100 : 0;
   // The coordinator's timeline file is opened first: a bad path fails init() on
   // rank 0 before any peer waits for it.
   if (world.rank == 0 && !config.timeline.empty() && config.timeline != "DYNAMIC") {

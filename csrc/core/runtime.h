@@ -48,6 +48,8 @@ class Runtime {
  public:
   static Status Create(const WorldInfo& world, const Config& config,
                        std::unique_ptr<Runtime>* out);
+  // HOROVOD_SPIN_US after resolving its automatic default.
+  double spin_us() const { return config_.spin_us; }
   ~Runtime();
 
   const WorldInfo& world() const { return world_; }

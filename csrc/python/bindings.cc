@@ -25,6 +25,7 @@ struct Globals {
   HandleTable handles;
   std::map<int32_t, int64_t> next_group;  // GUARDED_BY(mu): last group id, per process set
   bool mpi_threads = false;               // GUARDED_BY(mu): MPI_THREAD_MULTIPLE granted
+  std::atomic<double> wait_spin_us{0};    // HOROVOD_SPIN_US of the last init()
 };
 
 Globals& G() {
@@ -55,6 +56,7 @@ py::tuple Init(int rank, int size, int local_rank, int local_size, int cross_ran
     if (!G().runtime) {  // else already initialised: Ok
       st = Runtime::Create(w, config, &rt);
       if (st.ok()) G().runtime = std::move(rt);
+      if (G().runtime) G().wait_spin_us = G().runtime->spin_us();
     }
     // Group ids must match across ranks; workers that joined later (elastic)
     // count from 1 too.
@@ -104,6 +106,7 @@ py::tuple InitMpi(std::vector<int> ranks, int64_t fortran_handle) {
         std::unique_ptr<Runtime> rt;
         st = Runtime::Create(w, config, &rt);
         if (st.ok()) G().runtime = std::move(rt);
+        if (G().runtime) G().wait_spin_us = G().runtime->spin_us();
       }
     }
     G().next_group.clear();
@@ -245,7 +248,7 @@ py::object Wait(int handle) {
   G().handles.Release(handle);
   {
     py::gil_scoped_release nogil;
-    h->Wait();
+    h->Wait(G().wait_spin_us.load());
     // GPU ops: the caller's stream waits for the result; the host does not.
     if (h->event() != nullptr && h->status().ok()) h->event()->BlockCurrentStream(h->output());
   }
