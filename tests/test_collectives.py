@@ -36,3 +36,12 @@ def test_small_cache_with_evictions():
 @pytest.mark.parametrize("size", [2, 3])
 def test_join_with_uneven_data(size):
     run_workers("tests.workers:join_uneven", size, timeout=90)
+
+
+@pytest.mark.parametrize("knob", ["1", "0"])
+def test_all_collectives_with_shared_memory_always_or_never(knob):
+    """1: every size through the host's shared-memory segment; 0: flat TCP only
+    (the default, -1, switches between them at 64 KB)."""
+    env = {"HOROVOD_HIERARCHICAL_ALLREDUCE": knob, "HOROVOD_HIERARCHICAL_ALLGATHER": knob}
+    results = run_workers("tests.workers:all_collectives", 3, args=[3], env=env, timeout=150)
+    assert all("all collectives ok" in r.output for r in results)

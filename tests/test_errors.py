@@ -26,6 +26,20 @@ def test_dead_peer_fails_survivors_with_internal_error(mode):
         assert "dead peer noticed" in r.output
 
 
+def test_dead_peer_in_shared_memory_fails_survivors_and_leaves_nothing():
+    """Every op through the host's segment: a SIGKILLed rank is seen by the others
+    (its pid is watched) within seconds, and no file is left in /dev/shm."""
+    before = set(os.listdir("/dev/shm"))
+    env = {"HOROVOD_HIERARCHICAL_ALLREDUCE": "1", "HOROVOD_HIERARCHICAL_ALLGATHER": "1"}
+    results = run_workers("tests.workers:dead_peer", 3, args=["kill"], env=env, timeout=90,
+                          expect_ok=False)
+    assert results[2].returncode == -9, results[2]
+    for r in results[:2]:
+        assert r.returncode == 0, r.output
+        assert "dead peer noticed" in r.output
+    assert set(os.listdir("/dev/shm")) <= before
+
+
 def test_reinit_many_times():
     run_workers("tests.workers:reinit", 2, args=[40], timeout=120)
 
