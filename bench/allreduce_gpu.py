@@ -1,7 +1,7 @@
 """hvd.allreduce vs torch.distributed (NCCL) all_reduce on CUDA tensors: same
 processes, same GPUs, same run. Prints median time per op, bus bandwidth and the ratio.
 
-    python bench/allreduce_gpu.py [--np N] [--iters 20]
+    python bench/allreduce_gpu.py [--np N] [--iters 20] [--max-mb 1024]
 
 Launches itself under horovodrun with one process per GPU (default: all GPUs).
 """
@@ -18,7 +18,7 @@ SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 <
 
 
 
-def worker(iters: int) -> None:
+def worker(iters: int, max_mb: int) -> None:
     import torch
     import torch.distributed as dist
 
@@ -29,7 +29,7 @@ def worker(iters: int) -> None:
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{os.environ['BENCH_PORT']}",
                             rank=hvd.rank(), world_size=hvd.size(), device_id=dev)
     rows = []
-    for nbytes in SIZES:
+    for nbytes in [s for s in SIZES if s <= max_mb << 20]:
         t = torch.ones(nbytes // 4, dtype=torch.float32, device=dev)
         times = {"hvd": [], "nccl": []}
         reps = 6 if nbytes < 1 << 28 else 3
@@ -73,14 +73,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--np", type=int, default=0, help="processes (default: one per GPU)")
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--max-mb", type=int, default=1024, help="largest size in MB (default 1024)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        worker(args.iters)
+        worker(args.iters, args.max_mb)
         return
     import torch
     n = args.np or torch.cuda.device_count()
-    sys.exit(launch_self(__file__, n, ["--iters", str(args.iters)]))
+    sys.exit(launch_self(__file__, n, ["--iters", str(args.iters), "--max-mb", str(args.max_mb)]))
 
 if __name__ == "__main__":
     main()

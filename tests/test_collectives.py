@@ -38,10 +38,12 @@ def test_join_with_uneven_data(size):
     run_workers("tests.workers:join_uneven", size, timeout=90)
 
 
-@pytest.mark.parametrize("knob", ["1", "0"])
-def test_all_collectives_with_shared_memory_always_or_never(knob):
-    """1: every size through the host's shared-memory segment; 0: flat TCP only
-    (the default, -1, switches between them at 64 KB)."""
-    env = {"HOROVOD_HIERARCHICAL_ALLREDUCE": knob, "HOROVOD_HIERARCHICAL_ALLGATHER": knob}
+@pytest.mark.parametrize("knob,control", [("1", "1"), ("0", "1"), ("1", "0")])
+def test_all_collectives_with_shared_memory_always_or_never(knob, control):
+    """knob 1: every size through the host's shared-memory segment; 0: flat TCP only
+    (the default, -1, switches between them at 64 KB). control: negotiation through
+    the segment (1, the default on one host) or over TCP (0)."""
+    env = {"HOROVOD_HIERARCHICAL_ALLREDUCE": knob, "HOROVOD_HIERARCHICAL_ALLGATHER": knob,
+           "HOROVOD_SHM_CONTROL": control}
     results = run_workers("tests.workers:all_collectives", 3, args=[3], env=env, timeout=150)
     assert all("all collectives ok" in r.output for r in results)

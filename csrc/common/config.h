@@ -48,6 +48,10 @@ namespace hvd {
   X(hierarchical_allgather, "HOROVOD_HIERARCHICAL_ALLGATHER", int64_t, -1,           \
     "Allgather through shared memory when every rank is on one host. -1: above "      \
     "HOROVOD_SMALL_ALLREDUCE_BYTES; 1: every size; 0: never.")                        \
+  X(shm_control, "HOROVOD_SHM_CONTROL", int64_t, 1,                                  \
+    "1: when every rank is on one host and a HOROVOD_HIERARCHICAL_* knob is not 0, "   \
+    "negotiation messages go through the shared-memory segment (a barrier instead of " \
+    "TCP round trips); 0: always TCP.")                                               \
   X(stall_check_s, "HOROVOD_STALL_CHECK_TIME_SECONDS", double, 60.0,                    \
     "Seconds a collective may wait for missing ranks before the coordinator logs "    \
     "which ranks are missing which tensors.")                                         \

@@ -57,6 +57,7 @@ Status Runtime::Create(const WorldInfo& world, const Config& config,
   opt.ring_chunk_bytes = static_cast<size_t>(std::max<int64_t>(4096, config.ring_chunk_bytes));
   opt.hierarchical_allreduce = static_cast<int>(config.hierarchical_allreduce);
   opt.hierarchical_allgather = static_cast<int>(config.hierarchical_allgather);
+  opt.shm_control = static_cast<int>(config.shm_control);
   if (world.size > 1 && !world.use_mpi) {
     if (world.store_host.empty()) {
       return Status::InvalidArgument(

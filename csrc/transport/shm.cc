@@ -23,6 +23,7 @@ using namespace shm;  // NOLINT: this file implements the segment's protocol
 namespace {
 
 constexpr size_t kReduceBlock = 8192;  // bytes reduced over all ranks at a time
+constexpr size_t kExchangeHeader = 64;  // a control message's length, then its bytes
 // How often a sleeping waiter wakes up to look at its peers and the clock.
 constexpr auto kTick = std::chrono::milliseconds(50);
 
@@ -514,6 +515,51 @@ Status ShmGroup::Barrier() {
   Descriptor d;
   d.kind = kBarrierCall;
   return Finish(FirstSync(d));
+}
+
+// Control messages. Step k: each contributing rank writes its message's length
+// and bytes [k * cap, (k + 1) * cap) into its slot of a fresh buffer; after the
+// barrier the receivers copy them out. The first step tells every rank the
+// longest length, hence the number of steps. Buffers rotate as in the pipelines.
+Status ShmGroup::Exchange(uint64_t tag, const std::string* mine, std::vector<std::string>* all) {
+  HVD_RETURN_IF_ERROR(Ready());
+  if (all != nullptr) all->assign(size_, std::string());
+  const size_t cap = options_.slot_bytes - kExchangeHeader;
+  const uint64_t len = mine != nullptr ? mine->size() : 0;
+  Descriptor d;
+  d.kind = kExchangeCall;
+  d.op = tag;
+  size_t steps = 1;
+  std::vector<uint64_t> lens(size_, 0);
+  for (size_t k = 0; k < steps; ++k) {
+    char* slot = Slot(next_set_ + k, rank_);
+    std::memcpy(slot, &len, sizeof(len));
+    if (k * cap < len) Copy(slot + kExchangeHeader, mine->data() + k * cap,
+                            std::min<uint64_t>(cap, len - k * cap));
+    Status st = k == 0 ? FirstSync(d) : Sync();
+    if (!st.ok()) {
+      next_set_ += k + 1;
+      return Finish(st);
+    }
+    if (k == 0) {
+      uint64_t longest = 0;
+      for (int r = 0; r < size_; ++r) {
+        std::memcpy(&lens[r], Slot(next_set_, r), sizeof(uint64_t));
+        longest = std::max(longest, lens[r]);
+        if (all != nullptr) (*all)[r].reserve(lens[r]);
+      }
+      steps = std::max<size_t>(1, (longest + cap - 1) / cap);
+    }
+    if (all == nullptr) continue;
+    for (int r = 0; r < size_; ++r) {
+      if (k * cap < lens[r]) {
+        (*all)[r].append(Slot(next_set_ + k, r) + kExchangeHeader,
+                         std::min<uint64_t>(cap, lens[r] - k * cap));
+      }
+    }
+  }
+  next_set_ += steps;
+  return Status::Ok();
 }
 
 }  // namespace hvd

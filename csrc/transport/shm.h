@@ -93,6 +93,11 @@ class ShmGroup {
   // root's `bytes` bytes of buf reach every local rank's buf.
   Status Broadcast(void* buf, size_t bytes, int root);
   Status Barrier();
+  // Small messages of any length (the control plane): every local rank calls it
+  // with the same `tag`. A rank with `mine` non-null contributes it; a rank with
+  // `all` non-null receives every rank's message by local rank ("" from ranks that
+  // contribute none). One barrier per slot_bytes of the longest message.
+  Status Exchange(uint64_t tag, const std::string* mine, std::vector<std::string>* all);
   // Any thread, any time before destruction: fails blocked and later calls on
   // every local rank with kAborted.
   void Abort();

@@ -133,8 +133,8 @@ bool Descriptor::operator==(const Descriptor& o) const {
 
 std::string Descriptor::ToString() const {
   static const char* kNames[] = {"?", "Allreduce", "ReduceScatter", "Allgather", "Broadcast",
-                                 "Barrier"};
-  std::string s = kNames[kind <= kBarrierCall ? kind : 0];
+                                 "Barrier", "Exchange"};
+  std::string s = kNames[kind <= kExchangeCall ? kind : 0];
   if (kind == kAllreduceCall || kind == kReduceScatterCall) {
     s += std::string("(") + DataTypeName(static_cast<DataType>(dtype)) + ", " +
          ReduceOpName(static_cast<ReduceOp>(op)) + ", " + std::to_string(count) + " elements";
@@ -144,6 +144,8 @@ std::string Descriptor::ToString() const {
     s += "(" + std::to_string(count) + " bytes, split " + std::to_string(layout) + ")";
   } else if (kind == kBroadcastCall) {
     s += "(" + std::to_string(count) + " bytes, root " + std::to_string(root) + ")";
+  } else if (kind == kExchangeCall) {
+    s += "(control message kind " + std::to_string(op) + ")";
   }
   return s;
 }

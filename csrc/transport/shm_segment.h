@@ -43,7 +43,8 @@ enum CallKind : uint64_t {
   kReduceScatterCall,
   kAllgatherCall,
   kBroadcastCall,
-  kBarrierCall
+  kBarrierCall,
+  kExchangeCall
 };
 
 // A collective as one rank called it; compared across ranks after the call's

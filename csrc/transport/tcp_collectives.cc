@@ -35,12 +35,16 @@ int Span(int v, int n) {
 }
 
 const size_t kMaxControlMessage = 1ull << 32;
+// ShmGroup::Exchange tags of the control operations (a rank calling another
+// operation than its peers gets a kMismatch).
+enum : uint64_t { kShmGather = 1, kShmBcast, kShmAllgather };
 
 }  // namespace
 
 // Control plane. Gather: each rank sends its parent one frame holding the records
 // (rank, length, bytes) of its whole subtree; rank 0 ends with all of them.
 Status TcpTransport::Gather(const std::string& mine, std::vector<std::string>* all) {
+  if (ShmControl()) return local_->Exchange(kShmGather, &mine, rank_ == 0 ? all : nullptr);
   std::string acc;
   auto add_record = [&acc](uint32_t r, const std::string& body) {
     uint64_t len = body.size();
@@ -100,6 +104,12 @@ Status TcpTransport::Gather(const std::string& mine, std::vector<std::string>* a
 // Bcast: down the same tree, each rank forwarding the length-prefixed frame.
 Status TcpTransport::Bcast(std::string* data) {
   if (size_ == 1) return Status::Ok();
+  if (ShmControl()) {
+    std::vector<std::string> all;
+    HVD_RETURN_IF_ERROR(local_->Exchange(kShmBcast, rank_ == 0 ? data : nullptr, &all));
+    if (rank_ != 0) *data = std::move(all[0]);
+    return Status::Ok();
+  }
   uint64_t n = data->size();
   if (rank_ != 0) {
     std::vector<Xfer> xs{{TreeParent(rank_), false, reinterpret_cast<char*>(&n), 8}};
@@ -121,6 +131,7 @@ Status TcpTransport::Bcast(std::string* data) {
 }
 
 Status TcpTransport::Allgather(const std::string& mine, std::vector<std::string>* all) {
+  if (ShmControl()) return local_->Exchange(kShmAllgather, &mine, all);
   const size_t n = mine.size();
   std::string buf(n * size_, '\0');
   HVD_RETURN_IF_ERROR(Allgatherv(mine.data(), &buf[0], std::vector<size_t>(size_, n)));
@@ -132,6 +143,8 @@ Status TcpTransport::Allgather(const std::string& mine, std::vector<std::string>
 Status TcpTransport::AllreduceBits(std::vector<uint64_t>* and_bits,
                                    std::vector<uint64_t>* or_bits) {
   if (size_ == 1) return Status::Ok();
+  // Through the segment, everybody reads everybody's bits: one barrier.
+  if (ShmControl()) return ControlPlane::AllreduceBits(and_bits, or_bits);
   const size_t na = and_bits->size(), no = or_bits->size();
   std::vector<uint64_t> words(*and_bits);
   words.insert(words.end(), or_bits->begin(), or_bits->end());

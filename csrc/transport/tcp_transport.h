@@ -17,7 +17,8 @@
 //    host share a memory segment (ShmGroup). On one host, allreduce, reducescatter,
 //    allgather and broadcast run through it; across hosts with equal rank counts,
 //    allreduce is a local reduce-scatter, an allreduce of each share among the
-//    ranks with the same local index, and a local allgather.
+//    ranks with the same local index, and a local allgather. On one host the
+//    control plane runs through the segment too (TcpOptions::shm_control).
 //
 // Connections: the higher rank of a pair connects, the lower accepts. A Run()
 // first connects to the lower-ranked peers it needs (blocking, bounded), and while
@@ -46,6 +47,10 @@ struct TcpOptions {
   // never (the default here; the runtime passes its knobs).
   int hierarchical_allreduce = 0;
   int hierarchical_allgather = 0;
+  // With a shared-memory group and every rank on one host, the control plane
+  // (Gather, Bcast, Allgather, AllreduceBits) runs through the segment: a barrier
+  // instead of TCP round trips. 0: TCP always.
+  int shm_control = 1;
   // Which host this rank is on; empty: detected (boot id and network namespace).
   // Tests set it to make threads of one process look like several hosts.
   std::string host_key;
@@ -141,6 +146,7 @@ class TcpTransport : public Communicator {
   // Hierarchy: which ranks share a host, the shared-memory group and the cross view.
   Status SetUpHierarchy(const std::string& secret, const std::string& prefix);
   bool UseShm(int knob, size_t bytes, bool need_one_host) const;
+  bool ShmControl() const { return local_ && one_host_ && options_.shm_control != 0; }
   Status HierarchicalAllreduce(char* buf, size_t count, DataType dtype, ReduceOp op);
 
   TcpTransport(int rank, int size, TcpOptions options, std::shared_ptr<Mesh> mesh);

@@ -258,6 +258,49 @@ TEST_P(ShmSizes, BroadcastFromEveryRoot) {
   for (int r = 0; r < n; ++r) HVD_EXPECT_OK(st[r]);
 }
 
+// Control messages: every rank's own length (empty, within one slot, exactly a
+// slot's payload, several slots), all-to-all, to rank 0 only and from rank 0 only,
+// interleaved with allreduces that use the same buffers.
+TEST_P(ShmSizes, ExchangeMessagesOfAnyLength) {
+  const int n = GetParam();
+  Watchdog wd(60, "ShmSizes.ExchangeMessagesOfAnyLength");
+  auto g = MakeGroups(n, UniqueKey("exchange"));
+  auto message = [](int r, size_t len, int it) {
+    std::string m(len, '\0');
+    for (size_t i = 0; i < len; ++i) m[i] = static_cast<char>(Mix(r * 131 + i + it * 7));
+    return m;
+  };
+  std::vector<std::string> err(n);
+  RunRanks(n, [&](int r) {
+    const size_t base[] = {0, 1, 100, kSlot - 64, kSlot - 63, 3 * kSlot + 5};
+    int it = 0;
+    for (size_t b : base) {
+      for (int role = 0; role < 3 && err[r].empty(); ++role, ++it) {
+        // role 0: all to all; 1: everyone to rank 0; 2: rank 0 to everyone.
+        const size_t len = b + (b > 0 ? r * 37 : 0);
+        const std::string mine = message(r, len, it);
+        const bool send = role != 2 || r == 0, receive = role != 1 || r == 0;
+        std::vector<std::string> all;
+        Status st = g[r]->Exchange(10 + role, send ? &mine : nullptr, receive ? &all : nullptr);
+        const std::string what = "length " + std::to_string(b) + " role " + std::to_string(role);
+        if (!st.ok()) {
+          err[r] = what + ": " + StatusString(st);
+          break;
+        }
+        for (int q = 0; receive && q < n; ++q) {
+          const bool sent = role != 2 || q == 0;
+          const std::string want = sent ? message(q, b + (b > 0 ? q * 37 : 0), it) : "";
+          if (all[q] != want) err[r] = what + ": wrong message from rank " + std::to_string(q);
+        }
+        std::vector<float> x(kSlot, 1.0f);
+        st = g[r]->Allreduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum);
+        if (!st.ok() || x.back() != static_cast<float>(n)) err[r] = what + ": allreduce after";
+      }
+    }
+  });
+  for (int r = 0; r < n; ++r) EXPECT_EQ(err[r], "") << "rank " << r;
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, ShmSizes, ::testing::Values(1, 2, 3, 5, 8));
 
 // Mixed collectives back to back exercise the buffer rotation across calls.
@@ -373,6 +416,26 @@ TEST(Shm, MismatchedCallsFailEverywhereAndGroupStaysUsable) {
     EXPECT_EQ(st[r].code(), StatusCode::kMismatch) << st[r].message();
     EXPECT_NE(st[r].message().find("local rank 2: Allreduce(float32, Sum, 101"), std::string::npos)
         << st[r].message();
+    HVD_EXPECT_OK(after[r]);
+  }
+}
+
+TEST(Shm, ExchangeOfDifferentKindsIsAMismatch) {
+  const int n = 3;
+  Watchdog wd(30, "Shm.ExchangeOfDifferentKindsIsAMismatch");
+  auto g = MakeGroups(n, UniqueKey("exchange-mismatch"));
+  std::vector<Status> st(n), after(n);
+  RunRanks(n, [&](int r) {
+    std::string mine = "rank " + std::to_string(r);
+    std::vector<std::string> all;
+    st[r] = g[r]->Exchange(r == 1 ? 2 : 1, &mine, &all);
+    after[r] = g[r]->Exchange(3, &mine, &all);
+    if (after[r].ok() && all[2] != "rank 2") after[r] = Status::Aborted("wrong message after");
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(st[r].code(), StatusCode::kMismatch) << st[r].message();
+    EXPECT_NE(st[r].message().find("local rank 1: Exchange(control message kind 2)"),
+              std::string::npos) << st[r].message();
     HVD_EXPECT_OK(after[r]);
   }
 }

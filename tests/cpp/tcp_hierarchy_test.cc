@@ -103,6 +103,37 @@ TEST_P(TcpHierarchy, CollectivesAreExactAndIdentical) {
       if (all[off] != 'a' + q || all[off + bytes[q] - 1] != 'a' + q) fail("allgather block");
       off += bytes[q];
     }
+    // The control plane (through the segment on one host), messages of every
+    // rank's own length, one larger than a segment slot.
+    for (size_t len : {size_t{0}, size_t{50}, size_t{300000}}) {
+      std::string msg(len + r, static_cast<char>('A' + r)), bcast = r == 0 ? msg : "";
+      std::vector<std::string> got;
+      st = t.Gather(msg, &got);
+      if (!st.ok()) return fail(st.message());
+      for (int q = 0; r == 0 && q < n; ++q) {
+        if (got[q] != std::string(len + q, static_cast<char>('A' + q))) fail("gather");
+      }
+      st = t.Bcast(&bcast);
+      if (!st.ok()) return fail(st.message());
+      if (bcast != std::string(len, 'A')) fail("bcast " + std::to_string(len));
+      std::string same(len, static_cast<char>('a' + r));
+      st = t.Allgather(same, &got);
+      if (!st.ok()) return fail(st.message());
+      for (int q = 0; q < n; ++q) {
+        if (got.size() != static_cast<size_t>(n) ||
+            got[q] != std::string(len, static_cast<char>('a' + q))) {
+          fail("allgather control " + std::to_string(len));
+          break;
+        }
+      }
+    }
+    std::vector<uint64_t> and_bits{~0ull, 1ull << r}, or_bits{1ull << r};
+    st = t.AllreduceBits(&and_bits, &or_bits);
+    if (!st.ok()) return fail(st.message());
+    if (and_bits[0] != ~0ull || and_bits[1] != (n == 1 ? 1u : 0u) ||
+        or_bits[0] != (1ull << n) - 1) {
+      fail("allreduce bits");
+    }
     // Broadcast, small and large, from a rank that is not 0.
     for (size_t len : {size_t{100}, size_t{1} << 20}) {
       std::vector<char> b(len, r == 1 ? 'R' : 'x');
@@ -124,6 +155,36 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"UnevenHostsAuto", {0, 0, 0, 1, 1}, -1},
                       Layout{"SingletonHostsAlways", {0, 1, 2}, 1}),
     [](const ::testing::TestParamInfo<Layout>& i) { return std::string(i.param.name); });
+
+// On one host the control plane goes through the segment, which compares the
+// ranks' calls: a rank making another control call than its peers (over TCP the
+// bytes would just be misread) fails every rank with kMismatch, and the next
+// matching call works.
+TEST(TcpHierarchyControl, OneHostMismatchedControlCallsFailEveryRank) {
+  Watchdog wd(60, "OneHostMismatchedControlCallsFailEveryRank");
+  const int n = 4;
+  World w;
+  HVD_ASSERT_OK(MakeWorld(n, [&](int r) {
+    TcpOptions o = hvd_test::FastOptions();
+    o.hierarchical_allreduce = 1;
+    o.host_key = "one";
+    return o;
+  }, &w));
+  std::vector<Status> st(n), after(n);
+  RunRanks(n, [&](int r) {
+    TcpTransport& t = *w.transports[r];
+    std::vector<std::string> all;
+    st[r] = r == 2 ? t.Allgather("abcd", &all) : t.Gather("abcd", &all);
+    after[r] = t.Allgather(std::string(3, static_cast<char>('a' + r)), &all);
+    if (after[r].ok() && all[3] != "ddd") after[r] = Status::Aborted("wrong allgather after");
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(st[r].code(), StatusCode::kMismatch) << "rank " << r << ": " << st[r].message();
+    EXPECT_NE(st[r].message().find("local rank 2: Exchange"), std::string::npos)
+        << st[r].message();
+    HVD_EXPECT_OK(after[r]);
+  }
+}
 
 // A rank of a host that dies (its transport aborted): the other ranks of that
 // host fail through the shared segment, the other host over TCP, within seconds.
