@@ -4,8 +4,10 @@ the same GPUs, same processes, same run. Synthetic data, img/s (or tokens/s).
     python bench/train_gpu.py [--model resnet50] [--batch-size 64] [--np N]
 
 Models: any torchvision model name (fp32), or `transformer` (~350M parameters, bf16
-autocast). Prints per-GPU and total throughput of each, the ratio, and the peak GPU
-memory of each.
+autocast). The contenders live in the same processes and take turns block by block
+(the first of each round rotating), so that drift of a shared machine falls on all of
+them alike. Prints per-GPU and total throughput of each (median over blocks), every
+block, and the ratios.
 """
 import argparse
 import os
@@ -53,14 +55,14 @@ def worker(args) -> None:
         torch.manual_seed(0)
         model = _build(args.model, dev)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        if lib == "hvd":
-            comp = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+        if lib.startswith("hvd"):
+            comp = hvd.Compression.fp16 if lib == "hvd-fp16" else hvd.Compression.none
             opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                            compression=comp)
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-            return model, model, opt
+            return model, opt
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index])
-        return model, ddp, opt
+        return ddp, opt
 
     def step(net, opt):
         opt.zero_grad(set_to_none=True)
@@ -73,39 +75,42 @@ def worker(args) -> None:
         loss.backward()
         opt.step()
 
-    results = {}
-    for lib in (["ddp", "hvd"] if args.ddp_first else ["hvd", "ddp"]):
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(dev)
-        model, net, opt = make(lib)
+    # Every contender lives in the process at once and they take turns block by
+    # block, the first of each round rotating, so that drift of the machine (clocks,
+    # other tenants) falls on all of them alike.
+    libs = ["hvd", "ddp"] + (["hvd-fp16"] if args.fp16_allreduce else [])
+    setups = {lib: make(lib) for lib in libs}
+    for lib in libs:
         for _ in range(args.warmup):
-            step(net, opt)
-        torch.cuda.synchronize()
-        rates = []
-        for _ in range(args.iters):
+            step(*setups[lib])
+    torch.cuda.synchronize()
+    rates = {lib: [] for lib in libs}
+    for block in range(args.iters):
+        for lib in libs[block % len(libs):] + libs[:block % len(libs)]:
             dist.barrier()
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             for _ in range(args.steps):
-                step(net, opt)
+                step(*setups[lib])
             torch.cuda.synchronize()
-            rates.append(args.batch_size * args.steps / (time.perf_counter() - t0))
-        results[lib] = (statistics.median(rates), torch.cuda.max_memory_allocated(dev))
-        del model, net, opt
-    rate = {k: torch.tensor([v[0]], device=dev) for k, v in results.items()}
+            rates[lib].append(args.batch_size * args.steps / (time.perf_counter() - t0))
+    rate = {k: torch.tensor([statistics.median(v)], device=dev) for k, v in rates.items()}
     for v in rate.values():
         dist.all_reduce(v, op=dist.ReduceOp.MIN)  # the slowest rank sets the pace
     if hvd.rank() == 0:
         unit = "seq/s" if is_lm else "img/s"
         n = hvd.size()
-        print(f"\n{args.model} batch {args.batch_size}/GPU"
-              f"{' (hvd with fp16 compression)' if args.fp16_allreduce else ''} on {n} x "
-              f"{torch.cuda.get_device_name(dev)} (torch {torch.__version__})")
-        print(f"{'':6} {unit + '/GPU':>12} {'total':>10} {'peak MiB':>9}")
-        for lib in ("hvd", "ddp"):
+        print(f"\n{args.model} batch {args.batch_size}/GPU on {n} x "
+              f"{torch.cuda.get_device_name(dev)} (torch {torch.__version__}), median of "
+              f"{args.iters} interleaved blocks of {args.steps} steps")
+        print(f"{'':9} {unit + '/GPU':>12} {'total':>10}  blocks ({unit}/GPU, this rank)")
+        for lib in libs:
             r = rate[lib].item()
-            print(f"{lib:6} {r:12.1f} {r * n:10.1f} {results[lib][1] / 2**20:9.0f}")
-        print(f"hvd/ddp throughput ratio: {rate['hvd'].item() / rate['ddp'].item():.3f}")
+            blocks = " ".join(f"{x:.0f}" for x in rates[lib])
+            print(f"{lib:9} {r:12.1f} {r * n:10.1f}  {blocks}")
+        for lib in libs:
+            if lib != "ddp":
+                print(f"{lib}/ddp throughput ratio: {rate[lib].item() / rate['ddp'].item():.3f}")
         sys.stdout.flush()
     dist.destroy_process_group()
     hvd.shutdown()
@@ -119,9 +124,8 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--ddp-first", action="store_true")
     p.add_argument("--fp16-allreduce", action="store_true",
-                   help="hvd with Compression.fp16 (DDP stays fp32)")
+                   help="also hvd with Compression.fp16 (DDP stays fp32)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -132,7 +136,6 @@ def main() -> None:
     worker_args = ["--model", args.model, "--batch-size", str(args.batch_size),
                    "--warmup", str(args.warmup), "--iters", str(args.iters),
                    "--steps", str(args.steps)]
-    worker_args += ["--ddp-first"] if args.ddp_first else []
     worker_args += ["--fp16-allreduce"] if args.fp16_allreduce else []
     sys.exit(launch_self(__file__, n, worker_args))
 
