@@ -193,6 +193,21 @@ def _wait(handle: int):
     return output, splits
 
 
+def _wait_many(handles: List[int]) -> List[torch.Tensor]:
+    """The outputs of many async ops (not alltoall), as one wait: the core releases
+    the GIL once and makes the caller's stream wait once per fused batch."""
+    if any(h in _adasum._results for h in handles):
+        return [_wait(h)[0] for h in handles]
+    outs = []
+    for h, result in zip(handles, _C.wait_many(list(handles))):
+        if result is None:
+            raise ValueError(f"unknown handle {h}: it was already synchronized or never existed")
+        code, message, output, _ = result
+        raise_for_status(code, message)
+        outs.append(output)
+    return outs
+
+
 def synchronize(handle: int):
     """Waits for an async op; returns its output (alltoall: (output, received_splits))."""
     if hasattr(handle, "synchronize"):  # sparse_allreduce_async's handle

@@ -8,9 +8,9 @@ from typing import Dict, Iterable, List, Optional, Tuple
 import torch
 
 from horovod_torch.basics import Adasum, Average, Sum
-from horovod_torch.compression import Compression
-from horovod_torch.ops import (allreduce_async_, global_process_set, grouped_allreduce_async_,
-                               synchronize)
+from horovod_torch.compression import Compression, _CastCompressor
+from horovod_torch.ops import (_wait_many, allreduce_async_, global_process_set,
+                               grouped_allreduce_async_, synchronize)
 
 
 _SPARSE = object()  # handle context of a sparse gradient (sparse_allreduce_async)
@@ -159,16 +159,31 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for p in self._requires_update:
                 if p not in self._handles:
                     self._start(p)
-            for p, (h, ctx, compressed) in list(self._handles.items()):
-                if h is None:  # group member whose group is incomplete: cannot happen now
-                    raise AssertionError("internal: incomplete gradient group after synchronize")
-                out = synchronize(h)
+            items = list(self._handles.items())
+            if any(h is None for h, _, _ in self._handles.values()):
+                # a group member whose group is incomplete: cannot happen now
+                raise AssertionError("internal: incomplete gradient group after synchronize")
+            for p, (h, ctx, _) in items:
                 if ctx is _SPARSE:
-                    p.grad = out
+                    p.grad = synchronize(h)
+            dense = [(p, h, ctx) for p, (h, ctx, _) in items if ctx is not _SPARSE]
+            outs = _wait_many([h for _, h, _ in dense])
+            # The built-in casts back to the gradients' dtype go in one multi-tensor
+            # copy; other compressors (also subclasses that override decompress)
+            # decompress tensor by tensor.
+            cast = (getattr(getattr(self._compression, "decompress", None), "__func__", None)
+                    is _CastCompressor.decompress.__func__)
+            dst, src = [], []
+            for (p, _, ctx), out in zip(dense, outs):
+                if cast and isinstance(ctx, torch.dtype) and out.dtype != ctx:
+                    dst.append(p.grad)
+                    src.append(out.view_as(p.grad))
                     continue
                 result = self._compression.decompress(out, ctx)
                 if result.data_ptr() != p.grad.data_ptr():
                     p.grad.copy_(result.view_as(p.grad))
+            if dst:
+                torch._foreach_copy_(dst, src)
         finally:
             # Also after a failure (a lost peer): the next step starts clean.
             self._reset_pending()

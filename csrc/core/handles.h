@@ -26,9 +26,10 @@ class GpuEvent {
   virtual ~GpuEvent() = default;
   // True once the GPU work before the event has finished.
   virtual bool Ready() = 0;
-  // Makes the caller's current CUDA stream wait for the event (no host wait), and
+  // Makes the caller's current CUDA stream wait for the event (no host wait;
+  // skipped with wait=false, when the stream already waits for this event), and
   // tells the allocator that `result` is used on that stream.
-  virtual void BlockCurrentStream(const at::Tensor& result) = 0;
+  virtual void BlockCurrentStream(const at::Tensor& result, bool wait) = 0;
 };
 
 class HandleState {

@@ -5,7 +5,9 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include <cstring>
+#include <mutex>
 #include <numeric>
+#include <unordered_map>
 
 namespace hvd {
 namespace {
@@ -20,15 +22,49 @@ namespace {
     }                                                                               \
   } while (0)
 
-// A CUDA event (timing disabled) owned by this object.
+// CUDA events (timing disabled) are recycled: every op records two (ready and
+// done), and creating and destroying them costs the submitting thread more than
+// recording them. Never freed (a process keeps about as many as ops in flight).
+class EventPool {
+ public:
+  cudaEvent_t Get(int device) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto& free = free_[device];
+      if (!free.empty()) {
+        cudaEvent_t e = free.back();
+        free.pop_back();
+        return e;
+      }
+    }
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    cudaEvent_t e = nullptr;
+    cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    return e;
+  }
+  void Put(int device, cudaEvent_t e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_[device].push_back(e);
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<int, std::vector<cudaEvent_t>> free_;
+};
+
+EventPool& Events() {
+  static EventPool* pool = new EventPool();  // outlives every NcclEvent, also at exit
+  return *pool;
+}
+
+// A CUDA event from the pool, returned to it when this object goes. A stream that
+// waits for it keeps waiting for the work recorded then, whatever the event's
+// later use.
 class NcclEvent : public GpuEvent {
  public:
-  explicit NcclEvent(int device) : device_(device) {
-    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-    cudaEventCreateWithFlags(&event_, cudaEventDisableTiming);
-  }
+  explicit NcclEvent(int device) : device_(device), event_(Events().Get(device)) {}
   ~NcclEvent() override {
-    if (event_ != nullptr) cudaEventDestroy(event_);
+    if (event_ != nullptr) Events().Put(device_, event_);
   }
   NcclEvent(const NcclEvent&) = delete;
   NcclEvent& operator=(const NcclEvent&) = delete;
@@ -36,9 +72,9 @@ class NcclEvent : public GpuEvent {
   void Record(const c10::cuda::CUDAStream& s) { cudaEventRecord(event_, s.stream()); }
   void Block(const c10::cuda::CUDAStream& s) { cudaStreamWaitEvent(s.stream(), event_, 0); }
   bool Ready() override { return cudaEventQuery(event_) == cudaSuccess; }
-  void BlockCurrentStream(const at::Tensor& result) override {
+  void BlockCurrentStream(const at::Tensor& result, bool wait) override {
     auto stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_));
-    Block(stream);
+    if (wait) Block(stream);
     if (result.defined() && result.is_cuda()) {
       c10::cuda::CUDACachingAllocator::recordStream(result.storage().data_ptr(), stream);
     }

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <unordered_set>
 
 #include "common/config.h"
 #include "common/logging.h"
@@ -240,6 +241,14 @@ py::object Poll(int handle) {
   return py::bool_(h->Poll());
 }
 
+// (code, message, output or None, received splits or None) of a finished op.
+py::tuple Result(const HandleState& h) {
+  const Status& st = h.status();
+  py::object out = h.output().defined() ? py::cast(h.output()) : py::none();
+  py::object splits = h.splits().defined() ? py::cast(h.splits()) : py::none();
+  return py::make_tuple(static_cast<int>(st.code()), st.message(), out, splits);
+}
+
 // Waits, releases the handle and returns (code, message, output or None, received
 // splits or None), or None for an unknown handle.
 py::object Wait(int handle) {
@@ -250,12 +259,43 @@ py::object Wait(int handle) {
     py::gil_scoped_release nogil;
     h->Wait(G().wait_spin_us.load());
     // GPU ops: the caller's stream waits for the result; the host does not.
-    if (h->event() != nullptr && h->status().ok()) h->event()->BlockCurrentStream(h->output());
+    if (h->event() != nullptr && h->status().ok()) {
+      h->event()->BlockCurrentStream(h->output(), true);
+    }
   }
-  const Status& st = h->status();
-  py::object out = h->output().defined() ? py::cast(h->output()) : py::none();
-  py::object splits = h->splits().defined() ? py::cast(h->splits()) : py::none();
-  return py::make_tuple(static_cast<int>(st.code()), st.message(), out, splits);
+  return Result(*h);
+}
+
+// Wait() for many handles (the optimizer's synchronize): the GIL is released once,
+// and the caller's stream waits once per done event (a fused batch shares one).
+// None for an unknown handle.
+py::list WaitMany(const std::vector<int>& handles) {
+  std::vector<std::shared_ptr<HandleState>> hs(handles.size());
+  for (size_t i = 0; i < handles.size(); ++i) {
+    hs[i] = G().handles.Find(handles[i]);
+    if (hs[i]) G().handles.Release(handles[i]);
+  }
+  {
+    py::gil_scoped_release nogil;
+    const double spin = G().wait_spin_us.load();
+    std::unordered_set<const GpuEvent*> waited;
+    for (auto& h : hs) {
+      if (!h) continue;
+      h->Wait(spin);
+      if (h->event() != nullptr && h->status().ok()) {
+        h->event()->BlockCurrentStream(h->output(), waited.insert(h->event().get()).second);
+      }
+    }
+  }
+  py::list out;
+  for (auto& h : hs) {
+    if (h) {
+      out.append(Result(*h));
+    } else {
+      out.append(py::none());
+    }
+  }
+  return out;
 }
 
 py::list Knobs() {
@@ -281,6 +321,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("submit_one", &SubmitOne);
   m.def("poll", &Poll);
   m.def("wait", &Wait);
+  m.def("wait_many", &WaitMany);
   m.def("release", [](int h) { G().handles.Release(h); });
   m.def("knobs", &Knobs);
   m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
