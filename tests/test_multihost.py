@@ -376,6 +376,7 @@ def test_two_hosts_two_slots_over_ssh(lab: Lab, tmp_path: Path) -> None:
         assert (r["local_rank"], r["cross_rank"], r["host"]) == (local_rank, cross_rank,
                                                                  host.addr), r
         assert r["sum_min"] == r["sum_max"] == 1 + 2 + 3 + 4, r
+        assert r["allgather_ok"], r
         assert r["store"] == lab.bridge_addr, r
         # Each rank listens for its peers on its own namespace's address.
         assert [m.rsplit(":", 1)[0] for m in r["mesh"]] == [a.addr, a.addr, b.addr, b.addr]

@@ -46,7 +46,8 @@ namespace hvd {
     "HOROVOD_SMALL_ALLREDUCE_BYTES when a host has several ranks; 1: every size; 0: "  \
     "never (flat TCP).")                                                              \
   X(hierarchical_allgather, "HOROVOD_HIERARCHICAL_ALLGATHER", int64_t, -1,           \
-    "Allgather through shared memory when every rank is on one host. -1: above "      \
+    "Allgather through shared memory among the ranks of a host (across hosts of equal " \
+    "size: one TCP allgather per local index, then through the segment). -1: above "  \
     "HOROVOD_SMALL_ALLREDUCE_BYTES; 1: every size; 0: never.")                        \
   X(shm_control, "HOROVOD_SHM_CONTROL", int64_t, 1,                                  \
     "1: when every rank is on one host and a HOROVOD_HIERARCHICAL_* knob is not 0, "   \

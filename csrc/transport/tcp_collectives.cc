@@ -198,8 +198,9 @@ Status TcpTransport::Allgatherv(const void* send, void* recv, const std::vector<
   char* out = static_cast<char*>(recv);
   if (bytes[rank_] > 0) std::memmove(out + off[rank_], send, bytes[rank_]);
   if (size_ == 1) return Status::Ok();
-  if (UseShm(options_.hierarchical_allgather, off.back() + bytes.back(), true)) {
-    return local_->Allgather(out, bytes);
+  if (UseShm(options_.hierarchical_allgather, off.back() + bytes.back(), false)) {
+    if (one_host_) return local_->Allgather(out, bytes);
+    return HierarchicalAllgather(out, off, bytes);
   }
   return BruckAllgather(out, off, bytes, /*root=*/0);
 }

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 
 #include "common/logging.h"
@@ -78,10 +79,13 @@ Status TcpTransport::SetUpHierarchy(const std::string& secret, const std::string
   bool uniform = true;
   for (const auto& h : hosts) uniform = uniform && h.second.size() == local.size();
   if (!one_host_ && uniform) {
-    std::vector<int> cross;  // the rank with my local index on every host
-    for (const auto& h : hosts) cross.push_back(h.second[me]);
-    std::sort(cross.begin(), cross.end());
-    cross_ = SubsetView(cross);
+    // Group j: the rank with local index j on every host, ascending.
+    cross_groups_.assign(local.size(), {});
+    for (size_t j = 0; j < local.size(); ++j) {
+      for (const auto& h : hosts) cross_groups_[j].push_back(h.second[j]);
+      std::sort(cross_groups_[j].begin(), cross_groups_[j].end());
+    }
+    cross_ = SubsetView(cross_groups_[me]);
   }
   HVD_LOG(kDebug) << "rank " << rank_ << ": " << local.size() << " ranks on this host, "
                   << hosts.size() << " hosts" << (cross_ ? ", hierarchical allreduce" : "");
@@ -113,6 +117,37 @@ Status TcpTransport::HierarchicalAllreduce(char* buf, size_t count, DataType dty
   HVD_RETURN_IF_ERROR(local_->ReduceScatter(buf, counts, dtype, op));
   HVD_RETURN_IF_ERROR(cross_->Allreduce(buf + offset, counts[me], dtype, op));
   return local_->Allgather(buf, bytes);
+}
+
+// Several hosts of equal size: each rank allgathers its block with the ranks of
+// its local index on the other hosts (TCP: a rank receives one block per host, not
+// one per rank), then the ranks of a host allgather what they collected through the
+// segment, then every block moves to its place in rank order.
+Status TcpTransport::HierarchicalAllgather(char* out, const std::vector<size_t>& off,
+                                           const std::vector<size_t>& bytes) {
+  const int n = local_->size(), me = local_->rank();
+  // Bytes of group j's blocks, and where they start in the host-wide buffer.
+  std::vector<size_t> group_bytes(n, 0), group_off(n, 0);
+  for (int j = 0; j < n; ++j) {
+    for (int g : cross_groups_[j]) group_bytes[j] += bytes[g];
+    if (j > 0) group_off[j] = group_off[j - 1] + group_bytes[j - 1];
+  }
+  std::vector<char>& host = scratch_;
+  host.resize(group_off[n - 1] + group_bytes[n - 1] + 1);
+  const std::vector<int>& mine = cross_groups_[me];
+  std::vector<size_t> cross_bytes(mine.size());
+  for (size_t k = 0; k < mine.size(); ++k) cross_bytes[k] = bytes[mine[k]];
+  HVD_RETURN_IF_ERROR(
+      cross_->Allgatherv(out + off[rank_], host.data() + group_off[me], cross_bytes));
+  HVD_RETURN_IF_ERROR(local_->Allgather(host.data(), group_bytes));
+  for (int j = 0; j < n; ++j) {
+    size_t pos = group_off[j];
+    for (int g : cross_groups_[j]) {
+      if (g != rank_ && bytes[g] > 0) std::memcpy(out + off[g], host.data() + pos, bytes[g]);
+      pos += bytes[g];
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace hvd

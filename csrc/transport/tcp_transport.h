@@ -17,8 +17,10 @@
 //    host share a memory segment (ShmGroup). On one host, allreduce, reducescatter,
 //    allgather and broadcast run through it; across hosts with equal rank counts,
 //    allreduce is a local reduce-scatter, an allreduce of each share among the
-//    ranks with the same local index, and a local allgather. On one host the
-//    control plane runs through the segment too (TcpOptions::shm_control).
+//    ranks with the same local index, and a local allgather; allgather is an
+//    allgather among the ranks with the same local index, then a local allgather
+//    of what they collected. On one host the control plane runs through the
+//    segment too (TcpOptions::shm_control).
 //
 // Connections: the higher rank of a pair connects, the lower accepts. A Run()
 // first connects to the lower-ranked peers it needs (blocking, bounded), and while
@@ -148,6 +150,8 @@ class TcpTransport : public Communicator {
   bool UseShm(int knob, size_t bytes, bool need_one_host) const;
   bool ShmControl() const { return local_ && one_host_ && options_.shm_control != 0; }
   Status HierarchicalAllreduce(char* buf, size_t count, DataType dtype, ReduceOp op);
+  Status HierarchicalAllgather(char* out, const std::vector<size_t>& off,
+                               const std::vector<size_t>& bytes);
 
   TcpTransport(int rank, int size, TcpOptions options, std::shared_ptr<Mesh> mesh);
   int Fd(int r) const;
@@ -161,6 +165,8 @@ class TcpTransport : public Communicator {
   std::vector<int> local_ranks_;
   std::unique_ptr<ShmGroup> local_;     // null: no rank shares this host, or disabled
   std::unique_ptr<TcpTransport> cross_;  // null: one host, or hosts of unequal size
+  // With cross_: for each local index j, the ranks with local index j on every host.
+  std::vector<std::vector<int>> cross_groups_;
   bool one_host_ = false;
 };
 

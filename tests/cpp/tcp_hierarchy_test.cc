@@ -103,6 +103,21 @@ TEST_P(TcpHierarchy, CollectivesAreExactAndIdentical) {
       if (all[off] != 'a' + q || all[off + bytes[q] - 1] != 'a' + q) fail("allgather block");
       off += bytes[q];
     }
+    // Small blocks, some empty (the "always" layouts take the hierarchy here too).
+    total = 0;
+    for (int q = 0; q < n; ++q) total += bytes[q] = q % 3 == 1 ? 0 : 5 + q;
+    std::vector<char> small(bytes[r]), small_all(total + 1, '?');
+    for (size_t i = 0; i < small.size(); ++i) small[i] = static_cast<char>(r * 16 + i);
+    st = t.Allgatherv(small.data(), small_all.data(), bytes);
+    if (!st.ok()) return fail(st.message());
+    off = 0;
+    for (int q = 0; q < n; ++q) {
+      for (size_t i = 0; i < bytes[q]; ++i) {
+        if (small_all[off + i] != static_cast<char>(q * 16 + i)) fail("small allgather block");
+      }
+      off += bytes[q];
+    }
+    if (small_all[total] != '?') fail("small allgather wrote past its end");
     // The control plane (through the segment on one host), messages of every
     // rank's own length, one larger than a segment slot.
     for (size_t len : {size_t{0}, size_t{50}, size_t{300000}}) {
