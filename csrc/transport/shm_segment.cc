@@ -186,9 +186,10 @@ void Poison(SegmentHeader* h, int rank, const std::string& why) {
     h->poison_ready.store(1, std::memory_order_release);
   }
   h->poison.store(1);
-  // Bumping the generation releases barrier waiters at once; they check the
-  // poison flag before trusting a passed barrier.
-  h->generation.fetch_add(1);
+  // Wakes the barrier's sleepers, which look at the flag. The generation is left
+  // alone: a rank whose barrier did complete (the generation moved) keeps its
+  // result, even if a peer poisons the segment right after (say, because it read
+  // a fatal error in the message the barrier delivered).
   FutexWake(&h->generation);
 }
 

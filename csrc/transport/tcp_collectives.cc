@@ -44,7 +44,10 @@ enum : uint64_t { kShmGather = 1, kShmBcast, kShmAllgather };
 // Control plane. Gather: each rank sends its parent one frame holding the records
 // (rank, length, bytes) of its whole subtree; rank 0 ends with all of them.
 Status TcpTransport::Gather(const std::string& mine, std::vector<std::string>* all) {
-  if (ShmControl()) return local_->Exchange(kShmGather, &mine, rank_ == 0 ? all : nullptr);
+  if (ShmControl()) {
+    TendListener();
+    return local_->Exchange(kShmGather, &mine, rank_ == 0 ? all : nullptr);
+  }
   std::string acc;
   auto add_record = [&acc](uint32_t r, const std::string& body) {
     uint64_t len = body.size();
@@ -105,6 +108,7 @@ Status TcpTransport::Gather(const std::string& mine, std::vector<std::string>* a
 Status TcpTransport::Bcast(std::string* data) {
   if (size_ == 1) return Status::Ok();
   if (ShmControl()) {
+    TendListener();
     std::vector<std::string> all;
     HVD_RETURN_IF_ERROR(local_->Exchange(kShmBcast, rank_ == 0 ? data : nullptr, &all));
     if (rank_ != 0) *data = std::move(all[0]);
@@ -131,7 +135,10 @@ Status TcpTransport::Bcast(std::string* data) {
 }
 
 Status TcpTransport::Allgather(const std::string& mine, std::vector<std::string>* all) {
-  if (ShmControl()) return local_->Exchange(kShmAllgather, &mine, all);
+  if (ShmControl()) {
+    TendListener();
+    return local_->Exchange(kShmAllgather, &mine, all);
+  }
   const size_t n = mine.size();
   std::string buf(n * size_, '\0');
   HVD_RETURN_IF_ERROR(Allgatherv(mine.data(), &buf[0], std::vector<size_t>(size_, n)));

@@ -52,6 +52,7 @@ struct TcpTransport::Mesh {
     Clock::time_point deadline;
   };
   std::vector<Incoming> incoming;
+  Clock::time_point last_tended{};  // TendListener()'s last poll
 
   std::mutex mu;                     // guards installing sockets against Abort()
   std::atomic<bool> aborted{false};  // set under mu; Run() checks it every round
@@ -244,6 +245,29 @@ Status TcpTransport::ConnectLower(const std::vector<int>& peers) {
 // chunk as soon as it lands) run on this thread while other chunks are in flight.
 // Peers without a socket yet: lower ranks are connected first; higher ones
 // connect to us, and are accepted and authenticated inside the loop.
+// Run() accepts and authenticates whoever connects; while the control plane goes
+// through shared memory a rank may not call it for a long time, so the control
+// operations call this instead: one poll that does not wait, at most every 10 ms.
+void TcpTransport::TendListener() {
+  Mesh& m = *mesh_;
+  const auto now = Clock::now();
+  if (now - m.last_tended < std::chrono::milliseconds(10) || m.aborted) return;
+  m.last_tended = now;
+  m.DropExpired();
+  std::vector<pollfd> fds;
+  for (const auto& c : m.incoming) fds.push_back(pollfd{c.sock.fd(), POLLIN, 0});
+  if (m.listener.valid()) fds.push_back(pollfd{m.listener.fd(), POLLIN, 0});
+  if (fds.empty() || ::poll(fds.data(), fds.size(), 0) <= 0) return;
+  std::vector<size_t> finished;
+  for (size_t k = 0; k < m.incoming.size() && k < fds.size(); ++k) {
+    if (fds[k].revents != 0 && !m.Advance(k)) finished.push_back(k);
+  }
+  std::sort(finished.rbegin(), finished.rend());
+  for (size_t k : finished) m.incoming.erase(m.incoming.begin() + static_cast<long>(k));
+  // Errors on the listener (shut down by Abort()) surface in the next Run().
+  if (m.listener.valid() && (fds.back().revents & POLLIN)) m.AcceptWaiting();
+}
+
 Status TcpTransport::Run(std::vector<Xfer>& xs) {
   Mesh& m = *mesh_;
   std::vector<std::deque<Xfer*>> sendq(size_), recvq(size_);

@@ -149,6 +149,7 @@ class TcpTransport : public Communicator {
   Status SetUpHierarchy(const std::string& secret, const std::string& prefix);
   bool UseShm(int knob, size_t bytes, bool need_one_host) const;
   bool ShmControl() const { return local_ && one_host_ && options_.shm_control != 0; }
+  void TendListener();
   Status HierarchicalAllreduce(char* buf, size_t count, DataType dtype, ReduceOp op);
   Status HierarchicalAllgather(char* out, const std::vector<size_t>& off,
                                const std::vector<size_t>& bytes);

@@ -440,6 +440,34 @@ TEST(Shm, ExchangeOfDifferentKindsIsAMismatch) {
   }
 }
 
+// Rank 1 completes the exchange's barrier last and aborts the group at once (as a
+// rank does that reads a fatal error in the message): rank 0, still waking up,
+// keeps the message its completed barrier delivered; its next call fails.
+TEST(Shm, CompletedExchangeSurvivesAnAbortRightAfter) {
+  Watchdog wd(30, "Shm.CompletedExchangeSurvivesAnAbortRightAfter");
+  ShmOptions opt = TestOptions();
+  opt.spin_us = 0;  // rank 0 sleeps in the kernel: its wake-up comes after the abort
+  for (int round = 0; round < 5; ++round) {
+    auto g = MakeGroups(2, UniqueKey("abort-after"), opt);
+    std::vector<Status> st(2), next(2);
+    std::vector<std::vector<std::string>> got(2);
+    RunRanks(2, [&](int r) {
+      const std::string mine = "from " + std::to_string(r);
+      if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      st[r] = g[r]->Exchange(7, &mine, &got[r]);
+      if (r == 1) g[r]->Abort();
+      if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      next[r] = g[r]->Exchange(8, &mine, &got[r]);
+    });
+    HVD_EXPECT_OK(st[0]);
+    EXPECT_EQ(got[0].size(), 2u);
+    if (got[0].size() == 2) {
+      EXPECT_EQ(got[0][1], "from 1");
+    }
+    EXPECT_EQ(next[0].code(), StatusCode::kAborted) << next[0].message();
+  }
+}
+
 // Ranks 0..n-2 block in a barrier that rank n-1 never enters; `fail` ends it.
 void ExpectBlockedRanksFail(int n, const std::function<void(Groups&)>& fail,
                             const std::string& expect, double limit_s, double timeout_s = 30) {
