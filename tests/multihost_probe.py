@@ -14,10 +14,11 @@ from horovod_torch import _C
 hvd.init()
 numel = int(os.environ.get("PROBE_NUMEL", "262144"))
 out = hvd.allreduce(torch.full((numel,), float(hvd.rank() + 1)), op=hvd.Sum, name="probe")
-# Rank r contributes r + 1 rows of 5000 values r: the gathered rows must come in rank
+# Rank r contributes r + 1 rows of PROBE_AG_COLS values r: the gathered rows must come in rank
 # order with every value in place.
-rows = hvd.allgather(torch.full((hvd.rank() + 1, 5000), float(hvd.rank())), name="probe.ag")
-want = torch.cat([torch.full((r + 1, 5000), float(r)) for r in range(hvd.size())])
+cols = int(os.environ.get("PROBE_AG_COLS", "5000"))
+rows = hvd.allgather(torch.full((hvd.rank() + 1, cols), float(hvd.rank())), name="probe.ag")
+want = torch.cat([torch.full((r + 1, cols), float(r)) for r in range(hvd.size())])
 store = _C.StoreClient(os.environ["HOROVOD_STORE_ADDR"], int(os.environ["HOROVOD_STORE_PORT"]),
                        os.environ["HOROVOD_SECRET"], 10.0)
 prefix = os.environ.get("HOROVOD_RENDEZVOUS_PREFIX", "job") + "/init0"
