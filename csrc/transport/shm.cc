@@ -532,8 +532,9 @@ Status ShmGroup::Exchange(uint64_t tag, const std::string* mine, std::vector<std
   for (size_t k = 0; k < steps; ++k) {
     char* slot = Slot(next_set_ + k, rank_);
     std::memcpy(slot, &len, sizeof(len));
-    if (k * cap < len) Copy(slot + kExchangeHeader, mine->data() + k * cap,
-                            std::min<uint64_t>(cap, len - k * cap));
+    if (k * cap < len) {
+      Copy(slot + kExchangeHeader, mine->data() + k * cap, std::min<uint64_t>(cap, len - k * cap));
+    }
     Status st = k == 0 ? FirstSync(d) : Sync();
     if (!st.ok()) {
       next_set_ += k + 1;

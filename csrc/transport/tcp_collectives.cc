@@ -109,9 +109,10 @@ Status TcpTransport::Bcast(std::string* data) {
   if (size_ == 1) return Status::Ok();
   if (ShmControl()) {
     TendListener();
+    if (rank_ == 0) return local_->Exchange(kShmBcast, data, nullptr);
     std::vector<std::string> all;
-    HVD_RETURN_IF_ERROR(local_->Exchange(kShmBcast, rank_ == 0 ? data : nullptr, &all));
-    if (rank_ != 0) *data = std::move(all[0]);
+    HVD_RETURN_IF_ERROR(local_->Exchange(kShmBcast, nullptr, &all));
+    *data = std::move(all[0]);
     return Status::Ok();
   }
   uint64_t n = data->size();
