@@ -7,9 +7,10 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 
+from horovod_torch import _C
 from horovod_torch.basics import Adasum, Average, Sum
-from horovod_torch.compression import Compression, _CastCompressor
-from horovod_torch.ops import (_wait_many, allreduce_async_, global_process_set,
+from horovod_torch.compression import Compression, NoneCompressor, _CastCompressor
+from horovod_torch.ops import (_ps_id, _wait_many, allreduce_async_, global_process_set,
                                grouped_allreduce_async_, synchronize)
 
 
@@ -26,6 +27,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._predivide = gradient_predivide_factor
         self._sparse_as_dense = sparse_as_dense
         self._process_set = process_set
+        self._native = None  # _C.GradHooks when the hooks run in C++
         self.backward_passes_per_step = backward_passes_per_step
 
         all_params = [p for g in self.param_groups for p in g["params"]]
@@ -73,7 +75,41 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     # -- hooks ---------------------------------------------------------------
 
+    @property
+    def backward_passes_per_step(self) -> int:
+        return self._backward_passes_per_step
+
+    @backward_passes_per_step.setter
+    def backward_passes_per_step(self, n: int) -> None:
+        self._backward_passes_per_step = n
+        if self._native is not None:
+            self._native.set_passes_per_step(int(n))
+
+    def _wire_dtype(self) -> Optional[str]:
+        """"" or the cast dtype when the compressor is one the C++ hooks apply
+        themselves (none, fp16, bf16, not overridden); None otherwise."""
+        c = self._compression
+        if (getattr(c, "compress", None) is NoneCompressor.compress
+                and getattr(c, "decompress", None) is NoneCompressor.decompress):
+            return ""
+        if (getattr(getattr(c, "compress", None), "__func__", None)
+                is _CastCompressor.compress.__func__
+                and getattr(getattr(c, "decompress", None), "__func__", None)
+                is _CastCompressor.decompress.__func__):
+            return {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(c.wire_dtype)
+        return None
+
     def _register_hooks(self) -> None:
+        wire = self._wire_dtype()
+        if (_C.native_grad_hooks() and wire is not None and not self._groups
+                and self._op in (Average, Sum)):
+            op, pre, post = self._scales()
+            params = self._requires_update
+            self._native = _C.GradHooks(params, [self._wire_names[p] for p in params], int(op),
+                                        float(pre), float(post), _ps_id(self._process_set),
+                                        int(self.backward_passes_per_step), wire)
+            self._native_wire = wire != ""
+            return
         for p in self._requires_update:
             self._hook_handles.append(p.register_post_accumulate_grad_hook(self._make_hook()))
 
@@ -156,6 +192,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         rank submits the same set of tensors.
         """
         try:
+            if self._native is not None:
+                params = self._requires_update
+                for i, h, wire in self._native.take():
+                    p = params[i]
+                    self._handles[p] = (h, p.grad.dtype if self._native_wire else None, wire)
             for p in self._requires_update:
                 if p not in self._handles:
                     self._start(p)
@@ -195,6 +236,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._handles.clear()
         self._passes.clear()
         self._group_ready.clear()
+        if self._native is not None:
+            self._native.reset()
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -218,7 +261,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, set_to_none: bool = True):
-        if any(h[0] is not None for h in self._handles.values()):
+        if (any(h[0] is not None for h in self._handles.values())
+                or (self._native is not None and self._native.in_flight())):
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
                                  "before optimizer.step() or optimizer.synchronize(). This is "
                                  "prohibited as it can cause a race condition.")

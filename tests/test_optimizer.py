@@ -13,6 +13,15 @@ def test_exactness(opt, op, bpps, extra):
     run_workers("tests.train_workers:exactness", 2, args=[opt, op, bpps, extra], timeout=90)
 
 
+@pytest.mark.parametrize("opt,op,bpps,extra", [
+    ("sgd", "average", 1, "none"), ("adam", "sum", 2, "none"), ("adam", "average", 1, "fp16"),
+])
+def test_exactness_python_hooks(opt, op, bpps, extra):
+    # HOROVOD_NATIVE_GRAD_HOOKS=0: the gradient hooks run in Python.
+    run_workers("tests.train_workers:exactness", 2, args=[opt, op, bpps, extra], timeout=90,
+                env={"HOROVOD_NATIVE_GRAD_HOOKS": "0"})
+
+
 def test_exactness_three_ranks_adam():
     run_workers("tests.train_workers:exactness", 3, args=["adam", "average", 1, "none"],
                 timeout=90)

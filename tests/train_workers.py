@@ -1,4 +1,5 @@
 """Training-side workers: DistributedOptimizer exactness and behaviours."""
+import os
 import warnings
 
 import torch
@@ -58,6 +59,9 @@ def exactness(opt_name="sgd", op="average", bpps="1", extra="none", device="cpu"
                                    op=hvd.Average if op == "average" else hvd.Sum,
                                    backward_passes_per_step=bpps, **kwargs)
     assert isinstance(opt, torch.optim.SGD if opt_name == "sgd" else torch.optim.Adam)
+    # Gradient hooks run in C++ unless turned off or the optimizer uses groups.
+    native = os.environ.get("HOROVOD_NATIVE_GRAD_HOOKS", "1") != "0" and extra != "groups"
+    assert (opt._native is not None) == native, opt._native
     shard = B // n
     for s in range(steps):
         x, y = _data(s)

@@ -53,6 +53,10 @@ namespace hvd {
     "1: when every rank is on one host and a HOROVOD_HIERARCHICAL_* knob is not 0, "   \
     "negotiation messages go through the shared-memory segment (a barrier instead of " \
     "TCP round trips); 0: always TCP.")                                               \
+  X(native_grad_hooks, "HOROVOD_NATIVE_GRAD_HOOKS", int64_t, 1,                        \
+    "1: DistributedOptimizer starts each gradient's allreduce from a C++ hook on the "  \
+    "autograd thread (no Python, no GIL), unless it uses groups, Adasum or a custom "   \
+    "compressor; 0: from a Python hook.")                                              \
   X(stall_check_s, "HOROVOD_STALL_CHECK_TIME_SECONDS", double, 60.0,                    \
     "Seconds a collective may wait for missing ranks before the coordinator logs "    \
     "which ranks are missing which tensors.")                                         \

@@ -2,6 +2,8 @@
 // init, destroyed by shutdown) and the handle table that outlives it. Errors are
 // returned to Python as (code, message) so horovod_torch/basics.py can raise the
 // right exception type (see common/status.h).
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/extension.h>
 
 #include <atomic>
@@ -27,6 +29,7 @@ struct Globals {
   std::map<int32_t, int64_t> next_group;  // GUARDED_BY(mu): last group id, per process set
   bool mpi_threads = false;               // GUARDED_BY(mu): MPI_THREAD_MULTIPLE granted
   std::atomic<double> wait_spin_us{0};    // HOROVOD_SPIN_US of the last init()
+  std::atomic<bool> native_grad_hooks{true};  // HOROVOD_NATIVE_GRAD_HOOKS of the last init()
 };
 
 Globals& G() {
@@ -58,6 +61,7 @@ py::tuple Init(int rank, int size, int local_rank, int local_size, int cross_ran
       st = Runtime::Create(w, config, &rt);
       if (st.ok()) G().runtime = std::move(rt);
       if (G().runtime) G().wait_spin_us = G().runtime->spin_us();
+      G().native_grad_hooks = config.native_grad_hooks != 0;
     }
     // Group ids must match across ranks; workers that joined later (elastic)
     // count from 1 too.
@@ -298,6 +302,183 @@ py::list WaitMany(const std::vector<int>& handles) {
   return out;
 }
 
+// DistributedOptimizer's gradient hooks in C++: a post hook on each parameter's
+// gradient accumulator submits the in-place allreduce of its .grad (cast to the
+// wire dtype first with Compression.fp16/bf16) straight to the runtime. It runs
+// on the autograd thread without Python or the GIL, so a backward pass bound by
+// the CPU that launches its kernels is not slowed by a Python call per gradient.
+// synchronize() collects the handles with Take() and starts, in Python, the
+// gradients the hooks left alone (no gradient this step, sparse, non-contiguous).
+//
+// Threading: hooks run on autograd threads, Take/Reset/InFlight on the Python
+// thread; one mutex guards the slots. The hooks hold the state weakly, so
+// destroying the GradHooks (the optimizer) detaches them.
+class GradHooks {
+ public:
+  GradHooks(std::vector<at::Tensor> params, std::vector<std::string> names, int op,
+            double prescale, double postscale, int process_set_id, int passes_per_step,
+            const std::string& wire)
+      : state_(std::make_shared<State>()) {
+    if (params.size() != names.size()) throw py::value_error("GradHooks: one name per parameter");
+    State& s = *state_;
+    s.params = std::move(params);
+    s.names = std::move(names);
+    s.op = op;
+    s.prescale = prescale;
+    s.postscale = postscale;
+    s.process_set_id = process_set_id;
+    s.passes_per_step = passes_per_step;
+    if (wire == "float16") {
+      s.wire = at::kHalf;
+    } else if (wire == "bfloat16") {
+      s.wire = at::kBFloat16;
+    } else if (!wire.empty()) {
+      throw py::value_error("GradHooks: unknown wire dtype '" + wire + "'");
+    }
+    s.slots.resize(s.params.size());
+    for (size_t i = 0; i < s.params.size(); ++i) {
+      auto acc = torch::autograd::impl::grad_accumulator(s.params[i]);
+      if (!acc) throw py::value_error("GradHooks: parameter " + s.names[i] + " is not a leaf");
+      keys_.push_back(acc->add_post_hook(std::make_unique<Hook>(state_, i)));
+      accs_.push_back(std::move(acc));  // keeps the accumulator (and our hook) alive
+    }
+  }
+  ~GradHooks() {
+    for (size_t i = 0; i < accs_.size(); ++i) accs_[i]->del_post_hook(keys_[i]);
+  }
+
+  // [(parameter index, handle, the tensor reduced)] of the allreduces the hooks
+  // started since the last Reset(); the handles go to the handle table.
+  py::list Take() {
+    py::list out;
+    std::lock_guard<std::mutex> lock(state_->mu);
+    for (size_t i = 0; i < state_->slots.size(); ++i) {
+      Slot& slot = state_->slots[i];
+      if (!slot.handle) continue;
+      int h = G().handles.Add(std::move(slot.handle));
+      slot.handle = nullptr;
+      out.append(py::make_tuple(i, h, slot.wire_tensor));
+      slot.wire_tensor = at::Tensor();
+    }
+    return out;
+  }
+  // Forgets pass counts and started allreduces (after synchronize, or an elastic reset).
+  void Reset() {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    for (Slot& slot : state_->slots) slot = Slot();
+  }
+  bool InFlight() {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    for (const Slot& slot : state_->slots) {
+      if (slot.started) return true;
+    }
+    return false;
+  }
+  void SetPassesPerStep(int n) {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->passes_per_step = n;
+  }
+
+ private:
+  struct Slot {
+    int passes = 0;
+    bool started = false;                 // its allreduce was submitted this step
+    std::shared_ptr<HandleState> handle;  // until Take()
+    at::Tensor wire_tensor;
+  };
+  struct State {
+    std::vector<at::Tensor> params;
+    std::vector<std::string> names;
+    int op = 0;
+    double prescale = 1, postscale = 1;
+    int process_set_id = 0;
+    c10::optional<at::ScalarType> wire;
+    std::mutex mu;
+    int passes_per_step = 1;  // GUARDED_BY(mu)
+    std::vector<Slot> slots;  // GUARDED_BY(mu)
+
+    void Fire(size_t i) {
+      int extra_pass_of = 0;  // an extra backward pass: raise after unlocking mu
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (slots[i].started) {
+          extra_pass_of = passes_per_step;
+        } else {
+          Start(i);
+        }
+      }
+      if (extra_pass_of > 0) {
+        // As the Python hook: an AssertionError out of backward().
+        pybind11::gil_scoped_acquire gil;
+        PyErr_SetString(PyExc_AssertionError,
+                        ("Gradients were computed more than backward_passes_per_step (" +
+                         std::to_string(extra_pass_of) +
+                         ") times before optimizer.step() or synchronize(); raise "
+                         "backward_passes_per_step to accumulate gradients locally")
+                            .c_str());
+        ::python_error e;
+        e.persist();
+        throw e;
+      }
+    }
+    // Counts the pass and, on the last one, submits the allreduce. Holds mu.
+    void Start(size_t i) {
+      Slot& slot = slots[i];
+      const at::Tensor grad = params[i].grad();
+      if (++slot.passes < passes_per_step) return;
+      if (!grad.defined() || grad.layout() != at::kStrided || !grad.is_contiguous()) {
+        return;  // synchronize() starts it from Python
+      }
+      at::Tensor w = grad;
+      if (wire && at::isFloatingType(grad.scalar_type()) && grad.scalar_type() != *wire) {
+        w = grad.to(*wire);
+      }
+      std::vector<Submission> subs(1);
+      Submission& sub = subs[0];
+      sub.process_set_id = process_set_id;
+      sub.request.type = OpType::kAllreduce;
+      sub.request.name = names[i];
+      sub.request.op = static_cast<ReduceOp>(op);
+      sub.request.prescale = prescale;
+      sub.request.postscale = postscale;
+      sub.input = w;
+      sub.output = w;
+      std::vector<std::shared_ptr<HandleState>> states;
+      Status st;
+      {
+        std::lock_guard<std::mutex> glock(G().mu);
+        st = G().runtime ? G().runtime->Submit(std::move(subs), &states)
+                         : Status::InvalidArgument(
+                               "horovod_torch has not been initialized; call hvd.init() first");
+      }
+      if (st.ok()) {
+        slot.handle = std::move(states[0]);
+      } else {  // raised by synchronize(), with the exception type of its code
+        slot.handle = std::make_shared<HandleState>();
+        slot.handle->Complete(st);
+      }
+      slot.started = true;
+      slot.wire_tensor = std::move(w);
+    }
+  };
+  struct Hook : torch::autograd::FunctionPostHook {
+    Hook(std::weak_ptr<State> state, size_t index) : state(std::move(state)), index(index) {}
+    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                              const torch::autograd::variable_list&) override {
+      if (auto s = state.lock()) s->Fire(index);
+      return outputs;
+    }
+    std::weak_ptr<State> state;
+    size_t index;
+  };
+  using AccPtr = decltype(torch::autograd::impl::grad_accumulator(
+      std::declval<const torch::autograd::Variable&>()));
+
+  std::shared_ptr<State> state_;
+  std::vector<AccPtr> accs_;
+  std::vector<uintptr_t> keys_;
+};
+
 py::list Knobs() {
   py::list out;
   Config d;
@@ -346,6 +527,14 @@ PYBIND11_MODULE(_C, m) {
     return G().runtime != nullptr && G().runtime->world().use_mpi && G().mpi_threads;
   });
   m.def("cuda_built", [] { return NcclVersionBuilt() != 0; });
+  m.def("native_grad_hooks", [] { return G().native_grad_hooks.load(); });
+  py::class_<GradHooks>(m, "GradHooks")
+      .def(py::init<std::vector<at::Tensor>, std::vector<std::string>, int, double, double, int,
+                    int, const std::string&>())
+      .def("take", &GradHooks::Take)
+      .def("reset", &GradHooks::Reset)
+      .def("in_flight", &GradHooks::InFlight)
+      .def("set_passes_per_step", &GradHooks::SetPassesPerStep);
   m.attr("OP_ALLREDUCE") = static_cast<int>(OpType::kAllreduce);
   m.attr("OP_ALLGATHER") = static_cast<int>(OpType::kAllgather);
   m.attr("OP_BROADCAST") = static_cast<int>(OpType::kBroadcast);
