@@ -3,6 +3,9 @@ the same GPUs, same processes, same run. Synthetic data, img/s (or tokens/s).
 
     python bench/train_gpu.py [--model resnet50] [--batch-size 64] [--np N]
 
+`--fp16-allreduce` adds hvd with Compression.fp16, `--python-hooks` hvd with its
+gradient hooks in Python.
+
 Models: any torchvision model name (fp32), or `transformer` (~350M parameters, bf16
 autocast). The contenders live in the same processes and take turns block by block
 (the first of each round rotating), so that drift of a shared machine falls on all of
@@ -59,6 +62,9 @@ def worker(args) -> None:
             comp = hvd.Compression.fp16 if lib == "hvd-fp16" else hvd.Compression.none
             opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                            compression=comp)
+            if lib == "hvd-py" and opt._native is not None:
+                opt._native = None  # detaches the C++ hooks
+                opt._register_hooks(native=False)
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)
             return model, opt
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index])
@@ -79,6 +85,7 @@ def worker(args) -> None:
     # block, the first of each round rotating, so that drift of the machine (clocks,
     # other tenants) falls on all of them alike.
     libs = ["hvd", "ddp"] + (["hvd-fp16"] if args.fp16_allreduce else [])
+    libs += ["hvd-py"] if args.python_hooks else []
     setups = {lib: make(lib) for lib in libs}
     for lib in libs:
         for _ in range(args.warmup):
@@ -126,6 +133,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--fp16-allreduce", action="store_true",
                    help="also hvd with Compression.fp16 (DDP stays fp32)")
+    p.add_argument("--python-hooks", action="store_true",
+                   help="also hvd with its gradient hooks in Python (HOROVOD_NATIVE_GRAD_HOOKS=0)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -137,6 +146,7 @@ def main() -> None:
                    "--warmup", str(args.warmup), "--iters", str(args.iters),
                    "--steps", str(args.steps)]
     worker_args += ["--fp16-allreduce"] if args.fp16_allreduce else []
+    worker_args += ["--python-hooks"] if args.python_hooks else []
     sys.exit(launch_self(__file__, n, worker_args))
 
 if __name__ == "__main__":

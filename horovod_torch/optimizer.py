@@ -99,9 +99,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(c.wire_dtype)
         return None
 
-    def _register_hooks(self) -> None:
+    def _register_hooks(self, native: bool = True) -> None:
+        """C++ hooks where they apply (and `native`), else Python hooks."""
         wire = self._wire_dtype()
-        if (_C.native_grad_hooks() and wire is not None and not self._groups
+        if (native and _C.native_grad_hooks() and wire is not None and not self._groups
                 and self._op in (Average, Sum)):
             op, pre, post = self._scales()
             params = self._requires_update

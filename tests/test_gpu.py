@@ -33,10 +33,14 @@ def test_mixed_cpu_and_gpu_tensors():
         print(r.output.strip())
 
 
-@pytest.mark.parametrize("opt,op,bpps", [("sgd", "average", 1), ("adam", "sum", 2)])
-def test_optimizer_exactness_on_gpu(opt, op, bpps):
-    run_workers("tests.train_workers:exactness", 2, args=[opt, op, bpps, "none", "cuda"],
-                env=GPU_ENV, timeout=240)
+@pytest.mark.parametrize("opt,op,bpps,extra,native", [
+    ("sgd", "average", 1, "none", "1"), ("adam", "sum", 2, "none", "1"),
+    ("adam", "average", 1, "fp16", "1"), ("sgd", "average", 1, "none", "0"),
+])
+def test_optimizer_exactness_on_gpu(opt, op, bpps, extra, native):
+    # native: the gradient hooks in C++ (1, default) or Python (0)
+    run_workers("tests.train_workers:exactness", 2, args=[opt, op, bpps, extra, "cuda"],
+                env={**GPU_ENV, "HOROVOD_NATIVE_GRAD_HOOKS": native}, timeout=240)
 
 
 def test_amp_with_gradscaler():
