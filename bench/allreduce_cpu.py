@@ -1,7 +1,7 @@
 """hvd.allreduce vs torch.distributed (gloo) all_reduce on CPU tensors: same
 processes, same run, 4 KB to 64 MB. Prints a table of median times and speedups.
 
-    python bench/allreduce_cpu.py --np 2 [--np 4] [--iters 20]
+    python bench/allreduce_cpu.py --np 2 [--np 4] [--iters 20] [--back-to-back K]
     python bench/allreduce_cpu.py --transport mpi --np 2
 
 The script launches itself under horovodrun; each worker initialises both
@@ -9,6 +9,10 @@ horovod_torch and a gloo process group and alternates between them per size.
 With --transport mpi it launches itself under mpirun and measures horovod_torch
 twice in the same processes, over MPI (HOROVOD_CONTROLLER=mpi) and over its TCP
 transport (HOROVOD_CONTROLLER=gloo), each alternating with gloo.
+
+Each sample is timed from a barrier: one op (default), or K ops back to back
+(--back-to-back K, the time divided by K), which leaves out the barrier's exit skew
+between ranks, as bandwidth benchmarks do.
 """
 import argparse
 import os
@@ -24,7 +28,7 @@ SIZES = [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 
 
 
-def _measure(hvd, dist, torch, iters):
+def _measure(hvd, dist, torch, iters, reps=1):
     """[(bytes, hvd median s, gloo median s)], slowest rank's medians."""
     rows = []
     for nbytes in SIZES:
@@ -35,11 +39,12 @@ def _measure(hvd, dist, torch, iters):
             for lib in ("hvd", "gloo"):
                 dist.barrier()
                 start = time.perf_counter()
-                if lib == "hvd":
-                    hvd.allreduce_(t, name=f"bench.{nbytes}", op=hvd.Sum)
-                else:
-                    dist.all_reduce(t)
-                elapsed = time.perf_counter() - start
+                for _ in range(reps):
+                    if lib == "hvd":
+                        hvd.allreduce_(t, name=f"bench.{nbytes}", op=hvd.Sum)
+                    else:
+                        dist.all_reduce(t)
+                elapsed = (time.perf_counter() - start) / reps
                 if i >= 3:
                     times[lib].append(elapsed)
         # Every rank's time counts: the op is done when the slowest rank is.
@@ -51,7 +56,7 @@ def _measure(hvd, dist, torch, iters):
     return rows
 
 
-def worker(iters: int, transport: str) -> None:
+def worker(iters: int, transport: str, reps: int = 1) -> None:
     import torch
     import torch.distributed as dist
 
@@ -61,9 +66,10 @@ def worker(iters: int, transport: str) -> None:
         hvd.init()
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['BENCH_PORT']}",
                                 rank=hvd.rank(), world_size=hvd.size())
-        rows = _measure(hvd, dist, torch, iters)
+        rows = _measure(hvd, dist, torch, iters, reps)
         if hvd.rank() == 0:
-            print(f"\nallreduce float32, {hvd.size()} ranks, median of per-op times "
+            how = "per-op times" if reps == 1 else f"per-op times of {reps} back to back"
+            print(f"\nallreduce float32, {hvd.size()} ranks, median of {how} "
                   f"(torch {torch.__version__}, {os.cpu_count()} CPUs)")
             print(f"{'size':>8} {'hvd ms':>10} {'gloo ms':>10} {'speedup':>8} {'hvd GB/s':>9}")
             for nbytes, th, tg in rows:
@@ -84,7 +90,7 @@ def worker(iters: int, transport: str) -> None:
                 "gloo", init_method=f"tcp://127.0.0.1:{os.environ['BENCH_PORT']}",
                 rank=hvd.rank(), world_size=hvd.size())
         assert hvd.mpi_enabled() == (controller == "mpi")
-        results[controller] = _measure(hvd, dist, torch, iters)
+        results[controller] = _measure(hvd, dist, torch, iters, reps)
         hvd.shutdown()
     if dist.get_rank() == 0:
         print(f"\nallreduce float32, {dist.get_world_size()} ranks under mpirun, median of "
@@ -103,16 +109,19 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--np", type=int, action="append", help="ranks (repeatable; default 2 and 4)")
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--back-to-back", type=int, default=1, metavar="K",
+                   help="time K ops in a row per sample (default 1)")
     p.add_argument("--transport", choices=("tcp", "mpi"), default="tcp",
                    help="mpi: run under mpirun and compare MPI, TCP and gloo")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        worker(args.iters, args.transport)
+        worker(args.iters, args.transport, args.back_to_back)
         return
     for n in args.np or [2, 4]:
         if args.transport == "tcp":
-            rc = launch_self(__file__, n, ["--iters", str(args.iters)], {"OMP_NUM_THREADS": "1"})
+            rc = launch_self(__file__, n, ["--iters", str(args.iters), "--back-to-back",
+                                           str(args.back_to_back)], {"OMP_NUM_THREADS": "1"})
         else:
             env = dict(os.environ, BENCH_PORT=str(free_port()), OMP_NUM_THREADS="1",
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
@@ -122,7 +131,7 @@ def main() -> None:
                  "--mca", "btl", "self,vader,tcp", "-x", "BENCH_PORT", "-x", "OMP_NUM_THREADS",
                  "-x", "MASTER_ADDR", "-x", "MASTER_PORT", "-x", "PYTHONPATH",
                  sys.executable, os.path.abspath(__file__), "--worker", "--transport", "mpi",
-                 "--iters", str(args.iters)], env=env)
+                 "--iters", str(args.iters), "--back-to-back", str(args.back_to_back)], env=env)
         if rc != 0:
             sys.exit(rc)
 

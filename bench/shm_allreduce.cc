@@ -8,7 +8,7 @@
 //       csrc/transport/shm*.cc csrc/transport/tcp_*.cc csrc/rendezvous/store.cc
 //       csrc/common/*.cc
 //   /tmp/shm_allreduce [--ranks=8] [--mb=1,4,16,64] [--slot_kb=1024] [--spin_us=-1] [--procs]
-//                      [--no_tcp]
+//                      [--threads=-1] [--no_tcp]
 // --procs runs the shared-memory side as forked processes (closer to real use);
 // the TCP side always uses threads. "memcpy ms" is every rank copying its buffer
 // once, all at the same time: a floor for any scheme that copies data in and out
@@ -191,6 +191,7 @@ int main(int argc, char** argv) {
     if (const char* v = val("--ranks=")) f.ranks = std::atoi(v);
     else if (const char* v = val("--slot_kb=")) f.shm.slot_bytes = std::atoll(v) * 1024;
     else if (const char* v = val("--spin_us=")) f.shm.spin_us = std::atof(v);
+    else if (const char* v = val("--threads=")) f.shm.threads = std::atoi(v);
     else if (a == "--procs") f.procs = true;
     else if (a == "--no_tcp") f.tcp = false;
     else if (const char* v = val("--mb=")) {
@@ -204,9 +205,10 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  std::printf("allreduce float32 sum, %d ranks, %u CPUs, shm slot %zu KiB, spin %g us, shm as %s\n",
+  std::printf("allreduce float32 sum, %d ranks, %u CPUs, shm slot %zu KiB, spin %g us, "
+              "threads per rank %d (-1: automatic), shm as %s\n",
               f.ranks, std::thread::hardware_concurrency(), f.shm.slot_bytes >> 10,
-              f.shm.spin_us, f.procs ? "processes" : "threads");
+              f.shm.spin_us, f.shm.threads, f.procs ? "processes" : "threads");
   std::printf("%6s %10s %10s %10s %10s %9s %8s\n", "MB", "shm ms", "tcp ms", "shm GB/s",
               "tcp GB/s", "memcpy ms", "tcp/shm");
   for (size_t mb : f.mb) {

@@ -3,8 +3,8 @@ the same GPUs, same processes, same run. Synthetic data, img/s (or tokens/s).
 
     python bench/train_gpu.py [--model resnet50] [--batch-size 64] [--np N]
 
-`--fp16-allreduce` adds hvd with Compression.fp16, `--python-hooks` hvd with its
-gradient hooks in Python.
+`--fp16-allreduce` adds hvd with Compression.fp16 and DDP with fp16_compress_hook,
+`--python-hooks` hvd with its gradient hooks in Python.
 
 Models: any torchvision model name (fp32), or `transformer` (~350M parameters, bf16
 autocast). The contenders live in the same processes and take turns block by block
@@ -68,6 +68,9 @@ def worker(args) -> None:
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)
             return model, opt
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index])
+        if lib == "ddp-fp16":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
         return ddp, opt
 
     def step(net, opt):
@@ -84,7 +87,7 @@ def worker(args) -> None:
     # Every contender lives in the process at once and they take turns block by
     # block, the first of each round rotating, so that drift of the machine (clocks,
     # other tenants) falls on all of them alike.
-    libs = ["hvd", "ddp"] + (["hvd-fp16"] if args.fp16_allreduce else [])
+    libs = ["hvd", "ddp"] + (["hvd-fp16", "ddp-fp16"] if args.fp16_allreduce else [])
     libs += ["hvd-py"] if args.python_hooks else []
     setups = {lib: make(lib) for lib in libs}
     for lib in libs:
@@ -118,6 +121,9 @@ def worker(args) -> None:
         for lib in libs:
             if lib != "ddp":
                 print(f"{lib}/ddp throughput ratio: {rate[lib].item() / rate['ddp'].item():.3f}")
+        if "ddp-fp16" in libs:
+            print(f"hvd-fp16/ddp-fp16 throughput ratio: "
+                  f"{rate['hvd-fp16'].item() / rate['ddp-fp16'].item():.3f}")
         sys.stdout.flush()
     dist.destroy_process_group()
     hvd.shutdown()
@@ -132,7 +138,7 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--fp16-allreduce", action="store_true",
-                   help="also hvd with Compression.fp16 (DDP stays fp32)")
+                   help="also hvd with Compression.fp16 and DDP with its fp16_compress_hook")
     p.add_argument("--python-hooks", action="store_true",
                    help="also hvd with its gradient hooks in Python (HOROVOD_NATIVE_GRAD_HOOKS=0)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

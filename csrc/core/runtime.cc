@@ -58,6 +58,7 @@ Status Runtime::Create(const WorldInfo& world, const Config& config,
   opt.hierarchical_allreduce = static_cast<int>(config.hierarchical_allreduce);
   opt.hierarchical_allgather = static_cast<int>(config.hierarchical_allgather);
   opt.shm_control = static_cast<int>(config.shm_control);
+  opt.shm_threads = static_cast<int>(config.shm_threads);
   if (world.size > 1 && !world.use_mpi) {
     if (world.store_host.empty()) {
       return Status::InvalidArgument(

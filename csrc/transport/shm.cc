@@ -7,7 +7,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdio>
+#include <functional>
+#include <mutex>
 #include <cstring>
 #include <new>
 #include <thread>
@@ -61,6 +64,78 @@ char* MapSegment(int memfd, size_t bytes) {
 
 }  // namespace
 
+namespace shm {
+
+// Helper threads for the parts of one pipeline step. Run() hands part p (p >= 1)
+// to helper p - 1, does part 0 itself and returns when all are done. Helpers spin
+// a while for the next step, then sleep on a condition variable.
+class Helpers {
+ public:
+  Helpers(int n, int64_t spin_ns) : spin_ns_(spin_ns) {
+    for (int i = 0; i < n; ++i) threads_.emplace_back([this, i] { Loop(i + 1); });
+  }
+  ~Helpers() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+      gen_.fetch_add(1, std::memory_order_release);
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  int size() const { return static_cast<int>(threads_.size()); }
+  void Run(int parts, const std::function<void(int)>& fn) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      fn_ = &fn;
+      parts_ = parts;
+      pending_.store(parts - 1, std::memory_order_relaxed);
+      gen_.fetch_add(1, std::memory_order_release);
+    }
+    cv_.notify_all();
+    fn(0);
+    while (pending_.load(std::memory_order_acquire) > 0) CpuRelax();
+  }
+
+ private:
+  void Loop(int part) {
+    uint64_t seen = 0;
+    for (;;) {
+      const auto spin_end = Clock::now() + std::chrono::nanoseconds(spin_ns_);
+      for (int i = 0; gen_.load(std::memory_order_acquire) == seen; ++i) {
+        CpuRelax();
+        if ((i & 63) == 63 && Clock::now() >= spin_end) break;
+      }
+      const std::function<void(int)>* fn;
+      int parts;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return gen_.load(std::memory_order_relaxed) != seen; });
+        seen = gen_.load(std::memory_order_relaxed);
+        if (stop_) return;
+        fn = fn_;
+        parts = parts_;
+      }
+      if (part < parts) {
+        (*fn)(part);
+        pending_.fetch_sub(1, std::memory_order_release);
+      }
+    }
+  }
+
+  const int64_t spin_ns_;
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<uint64_t> gen_{0};                   // bumped per step (and to stop)
+  std::atomic<int> pending_{0};                    // parts still running on helpers
+  const std::function<void(int)>* fn_ = nullptr;   // GUARDED_BY(mu_)
+  int parts_ = 0;                                  // GUARDED_BY(mu_)
+  bool stop_ = false;                              // GUARDED_BY(mu_)
+};
+
+}  // namespace shm
+
 ShmGroup::ShmGroup(int rank, int size, const ShmOptions& options, char* base, size_t bytes)
     : rank_(rank), size_(size), options_(options), base_(base), bytes_(bytes),
       header_(reinterpret_cast<SegmentHeader*>(base)),
@@ -74,6 +149,26 @@ ShmGroup::ShmGroup(int rank, int size, const ShmOptions& options, char* base, si
     int cpus = ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
     spin_ns_ = size_ <= cpus ? 50000 : 0;
   }
+  if (options_.threads >= 1) {
+    threads_ = options_.threads;
+  } else {
+    cpu_set_t set;
+    int cpus = ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+    threads_ = std::clamp(cpus / size_, 1, 4);
+  }
+}
+
+template <typename Fn>
+void ShmGroup::Parallel(size_t bytes, const Fn& fn) {
+  // Smaller parts cost more to hand out than they save.
+  const int parts = static_cast<int>(
+      std::min<size_t>(threads_, bytes / std::max<size_t>(1, options_.min_part_bytes)));
+  if (parts <= 1) {
+    fn(0, 1);
+    return;
+  }
+  if (!helpers_) helpers_ = std::make_unique<Helpers>(threads_ - 1, spin_ns_);
+  helpers_->Run(parts, [&](int part) { fn(part, parts); });
 }
 
 ShmGroup::~ShmGroup() {
@@ -348,22 +443,34 @@ Status ShmGroup::ReducePipeline(const shm::Descriptor& d, char* buf, size_t out_
   };
   // Where element i of chunk c lives in rank r's slot.
   auto at = [&](size_t c, int r, size_t i) { return Slot(next_set_ + c, r) + (i - c * per) * es; };
-  alignas(64) char acc[kReduceBlock];
-  size_t lo, hi;
-  for (size_t j = 0; j <= chunks + 1; ++j) {
+  // Part `part` of `parts` of elements [lo, hi), cut at cache lines.
+  auto cut = [&](size_t lo, size_t hi, int part, int parts, size_t* a, size_t* b) {
+    const size_t n = RoundUp((hi - lo + parts - 1) / parts, align);
+    *a = std::min(hi, lo + part * n);
+    *b = std::min(hi, *a + n);
+  };
+  // Step j: copy out the other ranks' shares of chunk j - 2, reduce this rank's
+  // share of chunk j - 1, copy chunk j (but this rank's share) in. Each part of
+  // the step takes its fraction of every one of these ranges.
+  auto step = [&](size_t j, int part, int parts) {
+    size_t lo, hi, a, b;
     if (j >= 2) {
       for (int r = 0; r < size_; ++r) {
         share(j - 2, r, &lo, &hi);
         lo = std::max(lo, out_begin);
         hi = std::min(hi, out_end);
-        if (r != rank_ && lo < hi) Copy(buf + lo * es, at(j - 2, r, lo), (hi - lo) * es);
+        if (r == rank_ || lo >= hi) continue;
+        cut(lo, hi, part, parts, &a, &b);
+        Copy(buf + a * es, at(j - 2, r, a), (b - a) * es);
       }
     }
     if (j >= 1 && j <= chunks) {
       const size_t c = j - 1;
       share(c, rank_, &lo, &hi);
+      cut(lo, hi, part, parts, &lo, &hi);
       // Block by block, in an accumulator that stays in the L1 cache while the
       // ranks' data streams past it.
+      alignas(64) char acc[kReduceBlock];
       for (size_t b_lo = lo; b_lo < hi; b_lo += kReduceBlock / es) {
         const size_t n = std::min(hi, b_lo + kReduceBlock / es) - b_lo;
         for (int r = 0; r < size_; ++r) {
@@ -375,16 +482,21 @@ Status ShmGroup::ReducePipeline(const shm::Descriptor& d, char* buf, size_t out_
           }
         }
         std::memcpy(at(c, rank_, b_lo), acc, n * es);
-        const size_t a = std::max(b_lo, out_begin), b = std::min(b_lo + n, out_end);
-        if (a < b) Copy(buf + a * es, acc + (a - b_lo) * es, (b - a) * es);
+        const size_t x = std::max(b_lo, out_begin), y = std::min(b_lo + n, out_end);
+        if (x < y) Copy(buf + x * es, acc + (x - b_lo) * es, (y - x) * es);
       }
     }
     if (j < chunks) {
       share(j, rank_, &lo, &hi);
       const size_t begin = j * per, end = std::min(count, begin + per);
-      Copy(at(j, rank_, begin), buf + begin * es, (lo - begin) * es);
-      Copy(at(j, rank_, hi), buf + hi * es, (end - hi) * es);
+      cut(begin, lo, part, parts, &a, &b);
+      Copy(at(j, rank_, a), buf + a * es, (b - a) * es);
+      cut(hi, end, part, parts, &a, &b);
+      Copy(at(j, rank_, a), buf + a * es, (b - a) * es);
     }
+  };
+  for (size_t j = 0; j <= chunks + 1; ++j) {
+    Parallel(std::min(count, per) * es, [&](int part, int parts) { step(j, part, parts); });
     if (j == 0) {
       HVD_RETURN_IF_ERROR(FirstSync(d));
     } else if (j <= chunks) {

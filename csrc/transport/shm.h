@@ -45,6 +45,7 @@ namespace shm {
 struct Descriptor;
 struct SegmentHeader;
 struct RankSlot;
+class Helpers;
 }  // namespace shm
 
 struct ShmOptions {
@@ -57,6 +58,13 @@ struct ShmOptions {
   // local ranks; negative: automatic (spin only if there are no more local ranks
   // than CPUs this process may run on).
   double spin_us = -1;
+  // Threads that copy and reduce one pipeline step together (this rank's thread
+  // and helpers): one core's memory bandwidth bounds a copy, and idle cores
+  // multiply it. Used for steps of 256 KiB and more. Negative: automatic
+  // (CPUs this process may run on / local ranks, at most 4).
+  int threads = -1;
+  // The least bytes one thread takes of a step (tests lower it).
+  size_t min_part_bytes = 128 << 10;
 };
 
 class ShmGroup {
@@ -111,6 +119,10 @@ class ShmGroup {
   Status Finish(Status st);
   // The pipelines behind the collectives (see shm.cc).
   Status ReducePipeline(const shm::Descriptor& d, char* buf, size_t out_begin, size_t out_end);
+  // Runs fn(part, parts) for every part of a step of `bytes`, on this thread and
+  // helpers (as many parts as options_.threads and the size allow).
+  template <typename Fn>
+  void Parallel(size_t bytes, const Fn& fn);
   Status CopyPipeline(const shm::Descriptor& d, char* buf, size_t mine_begin, size_t mine_end);
   // The first barrier of a collective: publishes this rank's call, waits for every
   // local rank, and checks that they all made the same one.
@@ -137,6 +149,8 @@ class ShmGroup {
   uint64_t next_set_ = 0;           // rotation of the buffers (the same on every rank)
   uint64_t calls_ = 0;              // collectives begun (selects the descriptor slot)
   int64_t spin_ns_ = 0;             // busy-wait before a futex sleep
+  int threads_ = 1;                 // options_.threads resolved
+  std::unique_ptr<shm::Helpers> helpers_;  // created on the first step that uses them
   Status failed_;                   // sticky: once a call failed with kAborted, all do
 };
 

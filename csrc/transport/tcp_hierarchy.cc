@@ -61,6 +61,7 @@ Status TcpTransport::SetUpHierarchy(const std::string& secret, const std::string
   const int me = static_cast<int>(std::find(local.begin(), local.end(), rank_) - local.begin());
   ShmOptions so;
   so.timeout_s = options_.io_timeout_s;
+  so.threads = options_.shm_threads;
   // About 64 MB of segment per host at most (three buffers of one slot per rank).
   so.slot_bytes = std::clamp<size_t>((64u << 20) / (3 * local.size()), 64u << 10, 1u << 20);
   // Unique to the job (its secret), the mesh generation (prefix) and the host.

@@ -53,6 +53,8 @@ struct TcpOptions {
   // (Gather, Bcast, Allgather, AllreduceBits) runs through the segment: a barrier
   // instead of TCP round trips. 0: TCP always.
   int shm_control = 1;
+  // Threads per rank for shared-memory steps (ShmOptions::threads; -1: automatic).
+  int shm_threads = -1;
   // Which host this rank is on; empty: detected (boot id and network namespace).
   // Tests set it to make threads of one process look like several hosts.
   std::string host_key;

@@ -152,10 +152,16 @@ std::string CheckAllreduces(ShmGroup* g, uint64_t* hash) {
 
 class ShmSizes : public ::testing::TestWithParam<int> {};
 
-TEST_P(ShmSizes, AllreduceEveryTypeAndOp) {
-  const int n = GetParam();
-  Watchdog wd(60, "ShmSizes.AllreduceEveryTypeAndOp");
-  auto g = MakeGroups(n, UniqueKey("allreduce"));
+// Each step cut into parts for three threads (this rank's and two helpers).
+ShmOptions ThreadedOptions() {
+  ShmOptions o = TestOptions();
+  o.threads = 3;
+  o.min_part_bytes = 64;
+  return o;
+}
+
+void CheckAllreduceEveryTypeAndOp(int n, const ShmOptions& opt) {
+  auto g = MakeGroups(n, UniqueKey("allreduce"), opt);
   std::vector<std::string> err(n);
   std::vector<uint64_t> hash(n, 0);
   RunRanks(n, [&](int r) { err[r] = CheckAllreduces(g[r].get(), &hash[r]); });
@@ -165,10 +171,18 @@ TEST_P(ShmSizes, AllreduceEveryTypeAndOp) {
   }
 }
 
-TEST_P(ShmSizes, ReduceScatterUnevenCounts) {
-  const int n = GetParam();
-  Watchdog wd(30, "ShmSizes.ReduceScatterUnevenCounts");
-  auto g = MakeGroups(n, UniqueKey("reducescatter"));
+TEST_P(ShmSizes, AllreduceEveryTypeAndOp) {
+  Watchdog wd(60, "ShmSizes.AllreduceEveryTypeAndOp");
+  CheckAllreduceEveryTypeAndOp(GetParam(), TestOptions());
+}
+
+TEST_P(ShmSizes, AllreduceEveryTypeAndOpWithHelperThreads) {
+  Watchdog wd(60, "ShmSizes.AllreduceEveryTypeAndOpWithHelperThreads");
+  CheckAllreduceEveryTypeAndOp(GetParam(), ThreadedOptions());
+}
+
+void CheckReduceScatterUnevenCounts(int n, const ShmOptions& opt) {
+  auto g = MakeGroups(n, UniqueKey("reducescatter"), opt);
   // Uneven, some empty, one spanning several chunks.
   std::vector<size_t> counts(n);
   for (int r = 0; r < n; ++r) counts[r] = r % 3 == 1 ? 0 : 100 * r + 7 + (r == 0 ? 3000 : 0);
@@ -198,6 +212,16 @@ TEST_P(ShmSizes, ReduceScatterUnevenCounts) {
     });
   }
   for (int r = 0; r < n; ++r) EXPECT_EQ(err[r], "") << "rank " << r;
+}
+
+TEST_P(ShmSizes, ReduceScatterUnevenCounts) {
+  Watchdog wd(30, "ShmSizes.ReduceScatterUnevenCounts");
+  CheckReduceScatterUnevenCounts(GetParam(), TestOptions());
+}
+
+TEST_P(ShmSizes, ReduceScatterUnevenCountsWithHelperThreads) {
+  Watchdog wd(30, "ShmSizes.ReduceScatterUnevenCountsWithHelperThreads");
+  CheckReduceScatterUnevenCounts(GetParam(), ThreadedOptions());
 }
 
 TEST_P(ShmSizes, AllgatherUnevenBytes) {
