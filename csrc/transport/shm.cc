@@ -314,8 +314,10 @@ Status ShmGroup::WaitGeneration(uint32_t seen) {
       std::string gone = CheckPeers();
       // A peer that passed this barrier and then died or left is no failure.
       if (!gone.empty() && gen.load() == seen) {
+        // The first reason wins: a peer that exited after another rank's poison
+        // (which this rank had not seen yet) is not the cause.
         Poison(gone);
-        return Status::Aborted(gone);
+        return PoisonStatus();
       }
     }
     auto now = Clock::now();
