@@ -154,7 +154,9 @@ ShmGroup::ShmGroup(int rank, int size, const ShmOptions& options, char* base, si
   } else {
     cpu_set_t set;
     int cpus = ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
-    threads_ = std::clamp(cpus / size_, 1, 4);
+    // Half the CPUs per local rank: each rank also has its Python thread and
+    // waits that spin, and oversubscribed helpers cost far more than they save.
+    threads_ = std::clamp(cpus / (2 * size_), 1, 4);
   }
 }
 

@@ -61,7 +61,7 @@ struct ShmOptions {
   // Threads that copy and reduce one pipeline step together (this rank's thread
   // and helpers): one core's memory bandwidth bounds a copy, and idle cores
   // multiply it. Used for steps of 256 KiB and more. Negative: automatic
-  // (CPUs this process may run on / local ranks, at most 4).
+  // (CPUs this process may run on / (2 * local ranks), at most 4).
   int threads = -1;
   // The least bytes one thread takes of a step (tests lower it).
   size_t min_part_bytes = 128 << 10;
