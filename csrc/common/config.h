@@ -56,7 +56,7 @@ namespace hvd {
   X(shm_threads, "HOROVOD_SHM_THREADS", int64_t, -1,                                  \
     "Threads per rank that copy and reduce each shared-memory step of 256 KiB or "      \
     "more (the rank's own and helpers; one core's memory bandwidth bounds a copy). "   \
-    "-1: CPUs available / (2 * local ranks), at most 4; 1: no helpers.")               \
+    "-1: CPUs available / (2 * local ranks), at most 4; 1: no helpers; at most 64.")    \
   X(native_grad_hooks, "HOROVOD_NATIVE_GRAD_HOOKS", int64_t, 1,                        \
     "1: DistributedOptimizer starts each gradient's allreduce from a C++ hook on the "  \
     "autograd thread (no Python, no GIL), unless it uses groups, Adasum or a custom "   \

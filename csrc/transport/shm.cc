@@ -13,6 +13,7 @@
 #include <mutex>
 #include <cstring>
 #include <new>
+#include <system_error>
 #include <thread>
 
 #include "common/logging.h"
@@ -26,7 +27,8 @@ using namespace shm;  // NOLINT: this file implements the segment's protocol
 namespace {
 
 constexpr size_t kReduceBlock = 8192;  // bytes reduced over all ranks at a time
-constexpr size_t kExchangeHeader = 64;  // a control message's length, then its bytes
+constexpr size_t kExchangeHeader = 64;
+constexpr int kMaxThreads = 64;  // HOROVOD_SHM_THREADS above this is taken as this  // a control message's length, then its bytes
 // How often a sleeping waiter wakes up to look at its peers and the clock.
 constexpr auto kTick = std::chrono::milliseconds(50);
 
@@ -71,18 +73,16 @@ namespace shm {
 // a while for the next step, then sleep on a condition variable.
 class Helpers {
  public:
+  // Throws std::system_error if a thread cannot be started (none is left running).
   Helpers(int n, int64_t spin_ns) : spin_ns_(spin_ns) {
-    for (int i = 0; i < n; ++i) threads_.emplace_back([this, i] { Loop(i + 1); });
-  }
-  ~Helpers() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-      gen_.fetch_add(1, std::memory_order_release);
+    try {
+      for (int i = 0; i < n; ++i) threads_.emplace_back([this, i] { Loop(i + 1); });
+    } catch (...) {
+      Stop();
+      throw;
     }
-    cv_.notify_all();
-    for (auto& t : threads_) t.join();
   }
+  ~Helpers() { Stop(); }
   int size() const { return static_cast<int>(threads_.size()); }
   void Run(int parts, const std::function<void(int)>& fn) {
     {
@@ -98,6 +98,16 @@ class Helpers {
   }
 
  private:
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+      gen_.fetch_add(1, std::memory_order_release);
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+  }
   void Loop(int part) {
     uint64_t seen = 0;
     for (;;) {
@@ -150,7 +160,7 @@ ShmGroup::ShmGroup(int rank, int size, const ShmOptions& options, char* base, si
     spin_ns_ = size_ <= cpus ? 50000 : 0;
   }
   if (options_.threads >= 1) {
-    threads_ = options_.threads;
+    threads_ = std::min(options_.threads, kMaxThreads);
   } else {
     cpu_set_t set;
     int cpus = ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
@@ -169,7 +179,17 @@ void ShmGroup::Parallel(size_t bytes, const Fn& fn) {
     fn(0, 1);
     return;
   }
-  if (!helpers_) helpers_ = std::make_unique<Helpers>(threads_ - 1, spin_ns_);
+  if (!helpers_) {
+    try {
+      helpers_ = std::make_unique<Helpers>(threads_ - 1, spin_ns_);
+    } catch (const std::system_error& e) {
+      HVD_LOG(kWarning) << "shared memory: could not start " << threads_ - 1
+                       << " helper threads (" << e.what() << "); copying on one thread";
+      threads_ = 1;
+      fn(0, 1);
+      return;
+    }
+  }
   helpers_->Run(parts, [&](int part) { fn(part, parts); });
 }
 

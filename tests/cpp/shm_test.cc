@@ -176,6 +176,13 @@ TEST_P(ShmSizes, AllreduceEveryTypeAndOp) {
   CheckAllreduceEveryTypeAndOp(GetParam(), TestOptions());
 }
 
+TEST(Shm, HelperThreadCountIsCapped) {
+  Watchdog wd(60, "Shm.HelperThreadCountIsCapped");
+  ShmOptions o = ThreadedOptions();
+  o.threads = 100000;  // taken as 64: 63 helpers per rank, not a failure to start
+  CheckAllreduceEveryTypeAndOp(2, o);
+}
+
 TEST_P(ShmSizes, AllreduceEveryTypeAndOpWithHelperThreads) {
   Watchdog wd(60, "ShmSizes.AllreduceEveryTypeAndOpWithHelperThreads");
   CheckAllreduceEveryTypeAndOp(GetParam(), ThreadedOptions());
