@@ -15,6 +15,11 @@ def test_bad_knob_value_is_a_clear_error(monkeypatch):
     import horovod_torch as hvd
     import pytest
     monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "lots")
-    with pytest.raises(ValueError, match="HOROVOD_FUSION_THRESHOLD='lots'"):
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "soon")
+    with pytest.raises(ValueError) as e:
         hvd.init()
+    msg = str(e.value)
+    assert "HOROVOD_FUSION_THRESHOLD='lots' is not an integer (see docs/config.md)" in msg, msg
+    assert "HOROVOD_CYCLE_TIME='soon' is not a number" in msg, msg
+    assert not msg.endswith("; "), msg
     assert not hvd.is_initialized()

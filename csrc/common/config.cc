@@ -35,6 +35,13 @@ bool Parse(const char* s, std::string* out) {
   return true;
 }
 
+// What a knob of C++ type `type` takes, for error messages.
+std::string Expected(const std::string& type) {
+  if (type == "int64_t") return "an integer";
+  if (type == "double") return "a number";
+  return "valid";
+}
+
 }  // namespace
 
 Config Config::FromEnv(std::string* error) {
@@ -42,7 +49,8 @@ Config Config::FromEnv(std::string* error) {
 #define HVD_READ_KNOB(member, env, type, def, doc)                               \
   if (const char* v = std::getenv(env); v != nullptr && *v != '\0') {            \
     if (!Parse(v, &c.member) && error != nullptr) {                              \
-      *error += std::string(env) + "='" + v + "' is not a valid value; ";        \
+      *error += std::string(error->empty() ? "" : "; ") + env + "='" + v +       \
+                "' is not " + Expected(#type) + " (see docs/config.md)";         \
     }                                                                            \
   }
   HVD_KNOBS(HVD_READ_KNOB)
