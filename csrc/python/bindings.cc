@@ -160,6 +160,16 @@ py::object World() {
   return py::make_tuple(w.rank, w.size, w.local_rank, w.local_size, w.cross_rank, w.cross_size);
 }
 
+// Hands ops to the process's runtime (an error if hvd.init() has not run).
+Status SubmitToRuntime(std::vector<Submission> subs,
+                       std::vector<std::shared_ptr<HandleState>>* states) {
+  std::lock_guard<std::mutex> lock(G().mu);
+  if (!G().runtime) {
+    return Status::InvalidArgument("horovod_torch has not been initialized; call hvd.init() first");
+  }
+  return G().runtime->Submit(std::move(subs), states);
+}
+
 // Submits one op per input; a group (grouped=true) is atomic and negotiated together.
 py::tuple Submit(int type, std::vector<at::Tensor> inputs,
                  std::vector<c10::optional<at::Tensor>> outputs, std::vector<std::string> names,
@@ -197,16 +207,7 @@ py::tuple Submit(int type, std::vector<at::Tensor> inputs,
     subs[0].process_set_id = process_set_id;
   }
   std::vector<std::shared_ptr<HandleState>> states;
-  Status st;
-  {
-    std::lock_guard<std::mutex> lock(G().mu);
-    if (!G().runtime) {
-      st = Status::InvalidArgument(
-          "horovod_torch has not been initialized; call hvd.init() first");
-    } else {
-      st = G().runtime->Submit(std::move(subs), &states);
-    }
-  }
+  Status st = SubmitToRuntime(std::move(subs), &states);
   py::list handles;
   for (auto& s : states) handles.append(G().handles.Add(s));
   return py::make_tuple(static_cast<int>(st.code()), st.message(), handles);
@@ -228,13 +229,7 @@ py::tuple SubmitOne(int type, const at::Tensor& input, const c10::optional<at::T
   s.input = input;
   if (output.has_value()) s.output = *output;
   std::vector<std::shared_ptr<HandleState>> states;
-  Status st;
-  {
-    std::lock_guard<std::mutex> lock(G().mu);
-    st = G().runtime ? G().runtime->Submit(std::move(subs), &states)
-                     : Status::InvalidArgument(
-                           "horovod_torch has not been initialized; call hvd.init() first");
-  }
+  Status st = SubmitToRuntime(std::move(subs), &states);
   int handle = st.ok() ? G().handles.Add(states[0]) : -1;
   return py::make_tuple(static_cast<int>(st.code()), st.message(), handle);
 }
@@ -444,13 +439,7 @@ class GradHooks {
       sub.input = w;
       sub.output = w;
       std::vector<std::shared_ptr<HandleState>> states;
-      Status st;
-      {
-        std::lock_guard<std::mutex> glock(G().mu);
-        st = G().runtime ? G().runtime->Submit(std::move(subs), &states)
-                         : Status::InvalidArgument(
-                               "horovod_torch has not been initialized; call hvd.init() first");
-      }
+      Status st = SubmitToRuntime(std::move(subs), &states);
       if (st.ok()) {
         slot.handle = std::move(states[0]);
       } else {  // raised by synchronize(), with the exception type of its code
