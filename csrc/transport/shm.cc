@@ -9,9 +9,9 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <mutex>
-#include <cstring>
 #include <new>
 #include <system_error>
 #include <thread>
@@ -27,8 +27,8 @@ using namespace shm;  // NOLINT: this file implements the segment's protocol
 namespace {
 
 constexpr size_t kReduceBlock = 8192;  // bytes reduced over all ranks at a time
-constexpr size_t kExchangeHeader = 64;
-constexpr int kMaxThreads = 64;  // HOROVOD_SHM_THREADS above this is taken as this  // a control message's length, then its bytes
+constexpr size_t kExchangeHeader = 64;  // a control message's length, then its bytes
+constexpr int kMaxThreads = 64;  // HOROVOD_SHM_THREADS above this is taken as this
 // How often a sleeping waiter wakes up to look at its peers and the clock.
 constexpr auto kTick = std::chrono::milliseconds(50);
 
@@ -83,7 +83,6 @@ class Helpers {
     }
   }
   ~Helpers() { Stop(); }
-  int size() const { return static_cast<int>(threads_.size()); }
   void Run(int parts, const std::function<void(int)>& fn) {
     {
       std::lock_guard<std::mutex> lock(mu_);
