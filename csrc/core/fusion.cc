@@ -8,6 +8,15 @@ int64_t ResponseBytes(const Response& r) {
   return n * static_cast<int64_t>(DataTypeSize(r.dtype));
 }
 
+bool WorthHolding(const std::vector<Request>& fresh, int64_t threshold_bytes) {
+  int64_t bytes = 0;
+  for (const Request& r : fresh) {
+    if (r.type != OpType::kAllreduce || r.device < 0) return false;
+    bytes += r.NumElements() * static_cast<int64_t>(DataTypeSize(r.dtype));
+  }
+  return !fresh.empty() && bytes < threshold_bytes;
+}
+
 namespace {
 bool Fusable(const Response& a, const Response& b) {
   return a.type == OpType::kAllreduce && b.type == OpType::kAllreduce && a.error.empty() &&

@@ -17,6 +17,12 @@ namespace hvd {
 std::vector<std::vector<size_t>> PlanFusion(const std::vector<Response>& responses,
                                             int64_t threshold_bytes);
 
+// Whether this process set's new requests may wait for the GPU collectives it
+// already enqueued to finish: only GPU allreduces, together smaller than the
+// fusion threshold. They would queue behind that work anyway; meanwhile the
+// gradients that become ready join them, so fewer and larger collectives go out.
+bool WorthHolding(const std::vector<Request>& fresh, int64_t threshold_bytes);
+
 // Bytes of an allreduce response's tensor.
 int64_t ResponseBytes(const Response& r);
 

@@ -29,6 +29,8 @@ class GpuBackend {
   // Enqueues one (possibly fused) batch of responses on the backend's stream and
   // completes the entries' handles with a done event; does not wait for the GPU.
   virtual Status Execute(const std::vector<Response>& batch, std::vector<Entry>& entries) = 0;
+  // True while a collective this backend enqueued is moving data on the GPU.
+  virtual bool Busy() = 0;
   // Aborts communicators after a peer was lost, so no GPU work waits forever.
   virtual void Abort() = 0;
 };

@@ -389,6 +389,7 @@ void Runtime::Loop() {
             std::chrono::microseconds(static_cast<int64_t>(wake_delay_us)));
         lock.lock();
       }
+      if (config_.batch_while_busy != 0) HoldWhileGpuBusy(lock);
       fresh.swap(fresh_);
       has_fresh_.store(false, std::memory_order_release);
       want_shutdown = shutdown_requested_;
@@ -437,6 +438,38 @@ void Runtime::Loop() {
       timeline_.Stop();
       return;
     }
+  }
+}
+
+// While this rank's NCCL stream moves data, new GPU allreduces would only queue
+// behind it: let them wait (looking again every few tens of microseconds) so
+// that those arriving meanwhile join them. Where the link is slow this turns a
+// stream of small collectives into a few large ones; where it is fast the stream
+// is idle, or waiting for the backward pass, when the next gradient arrives and
+// nothing waits (docs/design.md §8). Called and returns with mu_ held.
+void Runtime::HoldWhileGpuBusy(std::unique_lock<std::mutex>& lock) {
+  constexpr auto kMaxHold = std::chrono::milliseconds(10);
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t threshold = controller_->params().fusion_threshold_bytes;
+  while (!fresh_.empty() && !shutdown_requested_ &&
+         std::chrono::steady_clock::now() - start < kMaxHold) {
+    std::vector<GpuBackend*> gpus;
+    for (const auto& kv : fresh_) {
+      auto it = sets_.find(kv.first);
+      if (it == sets_.end() || it->second->gpu == nullptr ||
+          !WorthHolding(kv.second, threshold)) {
+        return;
+      }
+      gpus.push_back(it->second->gpu);
+    }
+    lock.unlock();
+    bool busy = true;
+    for (GpuBackend* g : gpus) busy = busy && g->Busy();
+    // Nap rather than spin: each look at the GPU takes the driver's lock, which
+    // the thread launching the backward pass's kernels needs.
+    if (busy) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    lock.lock();
+    if (!busy) return;
   }
 }
 

@@ -83,6 +83,7 @@ class Runtime {
     std::unique_ptr<GpuBackend> own_gpu;
   };
   void Loop();
+  void HoldWhileGpuBusy(std::unique_lock<std::mutex>& lock);
   Status Execute(ProcessSetState& ps, const std::vector<Response>& responses);
   Status RunAllreduce(ProcessSetState& ps, const std::vector<Response>& batch,
                       std::vector<Entry>& entries);

@@ -145,6 +145,22 @@ NcclBackend::~NcclBackend() {
   }
 }
 
+void NcclBackend::DropDone(Device& d) {
+  while (!d.in_flight.empty() && d.in_flight.front().second->Ready()) d.in_flight.pop_front();
+}
+
+bool NcclBackend::Busy() {
+  // Busy while the oldest unfinished op moves data. While it still waits for the
+  // backward pass to compute its inputs, new gradients are better sent on their
+  // own than merged with later ones and made to wait for them.
+  for (auto& kv : devices_) {
+    Device& d = kv.second;
+    DropDone(d);
+    if (!d.in_flight.empty() && d.in_flight.front().first->Ready()) return true;
+  }
+  return false;
+}
+
 void NcclBackend::Abort() {
   for (auto& kv : devices_) {
     if (kv.second.comm != nullptr) ncclCommAbort(kv.second.comm);
@@ -187,6 +203,8 @@ Status NcclBackend::Execute(const std::vector<Response>& batch, std::vector<Entr
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   const c10::cuda::CUDAStream& stream = *d->stream;
   for (auto& e : entries) static_cast<NcclEvent*>(e.ready.get())->Block(stream);
+  auto start = std::make_shared<NcclEvent>(device);
+  start->Record(stream);
   c10::cuda::CUDAStreamGuard stream_guard(stream);
 
   const Response& r = batch[0];
@@ -214,6 +232,8 @@ Status NcclBackend::Execute(const std::vector<Response>& batch, std::vector<Entr
   }
   auto done = std::make_shared<NcclEvent>(device);
   done->Record(stream);
+  DropDone(*d);
+  d->in_flight.emplace_back(std::move(start), done);
   for (size_t i = 0; i < entries.size(); ++i) {
     // Memory used on our stream must not be reused before that work finishes.
     c10::cuda::CUDACachingAllocator::recordStream(entries[i].sub.input.storage().data_ptr(),

@@ -18,6 +18,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <nccl.h>
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <vector>
@@ -34,6 +35,7 @@ class NcclBackend : public GpuBackend {
 
   std::shared_ptr<GpuEvent> RecordReady(const at::Tensor& tensor) override;
   Status Execute(const std::vector<Response>& batch, std::vector<Entry>& entries) override;
+  bool Busy() override;
   void Abort() override;
 
  private:
@@ -41,8 +43,12 @@ class NcclBackend : public GpuBackend {
     ncclComm_t comm = nullptr;
     c10::optional<c10::cuda::CUDAStream> stream;
     at::Tensor fusion;  // uint8, fusion_threshold bytes, allocated on first fused op
+    // Ops on `stream` not known to be done, oldest first: an event recorded
+    // when the op starts (inputs ready, the ops before it done), one when done.
+    std::deque<std::pair<std::shared_ptr<GpuEvent>, std::shared_ptr<GpuEvent>>> in_flight;
   };
   Status Ensure(int device, Device** out);
+  static void DropDone(Device& d);
   Status Allreduce(Device& d, const std::vector<Response>& batch, std::vector<Entry>& entries);
   Status Allgather(Device& d, const Response& r, Entry& e, at::Tensor* out);
   Status Broadcast(Device& d, const Response& r, Entry& e, at::Tensor* out);

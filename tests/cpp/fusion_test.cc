@@ -30,6 +30,25 @@ TEST(Fusion, ResponseBytes) {
   EXPECT_EQ(ResponseBytes(r), 0);
 }
 
+Request GpuAR(int64_t elems, int32_t device = 0) {
+  Request r;
+  r.type = OpType::kAllreduce;
+  r.shape = {elems};
+  r.device = device;
+  return r;
+}
+
+TEST(Fusion, OnlySmallGpuAllreducesWaitForBusyGpu) {
+  EXPECT_FALSE(WorthHolding({}, 1024));
+  EXPECT_TRUE(WorthHolding({GpuAR(100), GpuAR(100)}, 1024));   // 800 bytes
+  EXPECT_FALSE(WorthHolding({GpuAR(128), GpuAR(128)}, 1024));  // a buffer's worth
+  EXPECT_FALSE(WorthHolding({GpuAR(1), GpuAR(1, -1)}, 1024));  // a CPU tensor
+  Request bcast = GpuAR(1);
+  bcast.type = OpType::kBroadcast;
+  EXPECT_FALSE(WorthHolding({GpuAR(1), bcast}, 1024));
+  EXPECT_FALSE(WorthHolding({GpuAR(1)}, 0));  // fusion off: nothing to wait for
+}
+
 TEST(Fusion, EmptyList) { EXPECT_TRUE(PlanFusion({}, 1024).empty()); }
 
 TEST(Fusion, ConsecutiveAllreducesFuseUpToThreshold) {
