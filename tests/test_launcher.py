@@ -394,3 +394,25 @@ def test_sigkill_after_grace_period(tmp_path: Path) -> None:
     assert proc.returncode == 143, stderr
     assert 4.0 <= elapsed < 30, elapsed
     _assert_gone(_read_pids(tmp_path, [0, 1]))
+
+
+@pytest.mark.parametrize("ignore_term", [False, True], ids=["term", "kill-after-grace"])
+def test_workers_stop_when_the_launcher_is_killed(tmp_path: Path, ignore_term: bool) -> None:
+    """SIGKILL gives horovodrun no chance to stop its workers: its reaper does."""
+    extra = {"PID_DIR": str(tmp_path)}
+    if ignore_term:
+        extra["IGNORE_TERM"] = "1"
+    proc = subprocess.Popen(
+        _launcher("-np", "2", *_worker(SLEEPER)), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env=_env(**extra))
+    try:
+        _wait_for_files(tmp_path, [0, 1], proc)
+        proc.kill()
+        _, stderr = proc.communicate(timeout=60)  # ends when the reaper is done too
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert proc.returncode == -signal.SIGKILL
+    assert "the launcher is gone; stopping its 2 remaining local worker(s)" in stderr, stderr
+    _assert_gone(_read_pids(tmp_path, [0, 1]), within=5.0)

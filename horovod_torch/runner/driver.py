@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import (IO, Callable, Dict, Iterator, List, Mapping, Optional,
                     Protocol, Sequence)
 
-from horovod_torch.runner import hosts
+from horovod_torch.runner import hosts, reaper
 from horovod_torch.runner.hosts import SlotInfo
 from horovod_torch.runner.remote import RemoteExec, RemoteProcess
 
@@ -62,16 +62,53 @@ class Spawner(Protocol):
 
 
 class LocalSpawner:
-    """Run workers on this machine, each in a new session."""
+    """Run workers on this machine, each in a new session, and register each
+    session with a reaper process that stops them if horovodrun is killed."""
+
+    def __init__(self) -> None:
+        self._reaper: Optional["subprocess.Popen[bytes]"] = None
+        self._reaper_tried = False
+        self._reaper_pipe = -1  # write end; only horovodrun holds it
 
     def spawn(self, slot: SlotInfo, command: Sequence[str],
               env: Mapping[str, str]) -> "subprocess.Popen[bytes]":
         """Start ``command``; only rank 0 inherits stdin (like mpirun)."""
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             list(command), env=dict(env),
             stdin=None if slot.rank == 0 else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True)
+        self._register(proc.pid)
+        return proc
+
+    def _register(self, pgid: int) -> None:
+        if not self._reaper_tried:
+            self._start_reaper()
+        if self._reaper_pipe >= 0:
+            try:
+                os.write(self._reaper_pipe, f"{pgid}\n".encode())
+            except OSError as e:
+                log(f"warning: lost the worker reaper ({e.strerror}); local workers "
+                    "will outlive horovodrun if it is killed")
+                os.close(self._reaper_pipe)
+                self._reaper_pipe = -1
+
+    def _start_reaper(self) -> None:
+        self._reaper_tried = True
+        read, write = os.pipe()
+        try:
+            # By path, not as a module: the package's __init__ loads torch.
+            self._reaper = subprocess.Popen(
+                [sys.executable, "-I", os.path.abspath(reaper.__file__),
+                 str(GRACE_PERIOD_S)],
+                stdin=read, stdout=subprocess.DEVNULL, start_new_session=True)
+            self._reaper_pipe = write
+        except OSError as e:
+            log(f"warning: cannot start the worker reaper ({e.strerror}); local "
+                "workers will outlive horovodrun if it is killed")
+            os.close(write)
+        finally:
+            os.close(read)
 
 
 MAX_CONNECTING_PER_HOST = 8
