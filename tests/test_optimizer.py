@@ -22,6 +22,14 @@ def test_exactness_python_hooks(opt, op, bpps, extra):
                 env={"HOROVOD_NATIVE_GRAD_HOOKS": "0"})
 
 
+@pytest.mark.parametrize("native", ["1", "0"], ids=["cpp-hooks", "python-hooks"])
+@pytest.mark.parametrize("bpps,extra", [(1, "compiled"), (2, "compiled+fp16")])
+def test_exactness_under_compiled_autograd(native, bpps, extra):
+    # torch._dynamo.compiled_autograd runs hooks from the graph it builds.
+    run_workers("tests.train_workers:exactness", 2, args=["sgd", "average", bpps, extra],
+                timeout=180, env={"HOROVOD_NATIVE_GRAD_HOOKS": native})
+
+
 def test_exactness_three_ranks_adam():
     run_workers("tests.train_workers:exactness", 3, args=["adam", "average", 1, "none"],
                 timeout=90)

@@ -38,8 +38,21 @@ def _reference(opt_name, steps):
     return [p.detach().clone() for p in model.parameters()]
 
 
+def _backward(loss, compiled: bool) -> None:
+    if not compiled:
+        loss.backward()
+        return
+    import torch._dynamo.compiled_autograd as ca
+    warnings.filterwarnings("ignore", message=".*Dynamo does not know how to trace")
+    with ca._enable(torch.compile(backend="eager")):
+        loss.backward()
+
+
 def exactness(opt_name="sgd", op="average", bpps="1", extra="none", device="cpu"):
-    """N ranks on 1/N shards end where one process on the whole batch ends."""
+    """N ranks on 1/N shards end where one process on the whole batch ends.
+
+    extra: "none", or any of groups, fp16, compiled (compiled autograd) joined by +."""
+    extras = set(extra.split("+"))
     hvd.init()
     r, n = hvd.rank(), hvd.size()
     bpps = int(bpps)
@@ -50,9 +63,9 @@ def exactness(opt_name="sgd", op="average", bpps="1", extra="none", device="cpu"
         dev = torch.device("cuda", hvd.local_rank())
     model = _model().to(dev)
     kwargs = {}
-    if extra == "groups":
+    if "groups" in extras:
         kwargs["num_groups"] = 2
-    elif extra == "fp16":
+    if "fp16" in extras:
         kwargs["compression"] = hvd.Compression.fp16
     opt = hvd.DistributedOptimizer(_make_opt(opt_name, model.parameters()),
                                    named_parameters=model.named_parameters(),
@@ -60,7 +73,7 @@ def exactness(opt_name="sgd", op="average", bpps="1", extra="none", device="cpu"
                                    backward_passes_per_step=bpps, **kwargs)
     assert isinstance(opt, torch.optim.SGD if opt_name == "sgd" else torch.optim.Adam)
     # Gradient hooks run in C++ unless turned off or the optimizer uses groups.
-    native = os.environ.get("HOROVOD_NATIVE_GRAD_HOOKS", "1") != "0" and extra != "groups"
+    native = os.environ.get("HOROVOD_NATIVE_GRAD_HOOKS", "1") != "0" and "groups" not in extras
     assert (opt._native is not None) == native, opt._native
     shard = B // n
     for s in range(steps):
@@ -73,10 +86,13 @@ def exactness(opt_name="sgd", op="average", bpps="1", extra="none", device="cpu"
             xm, ym = xs[k * micro:(k + 1) * micro], ys[k * micro:(k + 1) * micro]
             loss = ((model(xm) - ym) ** 2).sum()
             loss = loss / shard if op == "average" else loss / B
-            loss.backward()
+            _backward(loss, "compiled" in extras)
+        # The hooks started the allreduces during backward (also under compiled
+        # autograd), not synchronize() after it.
+        assert not native or opt._native.in_flight()
         opt.step()
     ref = _reference(opt_name, steps)
-    tol = 2e-3 if extra == "fp16" else (1e-4 if device == "cuda" else 1e-5)
+    tol = 2e-3 if "fp16" in extras else (1e-4 if device == "cuda" else 1e-5)
     for p, q in zip((p.detach().cpu() for p in model.parameters()), ref):
         assert torch.allclose(p, q, atol=tol, rtol=tol), (p - q).abs().max()
     # state_dict / load_state_dict still behave

@@ -2,7 +2,9 @@
 // init, destroyed by shutdown) and the handle table that outlives it. Errors are
 // returned to Python as (code, message) so horovod_torch/basics.py can raise the
 // right exception type (see common/status.h).
+#include <torch/csrc/PyInterpreter.h>
 #include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/dynamo/compiled_autograd.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/extension.h>
 
@@ -456,6 +458,24 @@ class GradHooks {
                                               const torch::autograd::variable_list&) override {
       if (auto s = state.lock()) s->Fire(index);
       return outputs;
+    }
+    // Compiled autograd (torch._dynamo.compiled_autograd) runs no C++ hooks: it
+    // asks each for a Python callable to put in the graph it builds. Ours runs
+    // Fire() there; Dynamo cannot trace it, so the graph breaks and it runs as is,
+    // after the gradient was accumulated, as in the eager engine.
+    void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& args) const override {
+      py::gil_scoped_acquire gil;
+      std::weak_ptr<State> st = state;
+      const size_t i = index;
+      py::object fn = py::cpp_function([st, i](py::args) {
+        try {
+          if (auto s = st.lock()) s->Fire(i);
+        } catch (::python_error& e) {  // the extra-pass AssertionError
+          e.restore();
+          throw py::error_already_set();
+        }
+      });
+      args.add_post_hook(c10::SafePyObject(fn.release().ptr(), getPyInterpreter()));
     }
     std::weak_ptr<State> state;
     size_t index;
