@@ -2,11 +2,14 @@
 // init, destroyed by shutdown) and the handle table that outlives it. Errors are
 // returned to Python as (code, message) so horovod_torch/basics.py can raise the
 // right exception type (see common/status.h).
-#include <torch/csrc/PyInterpreter.h>
 #include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/dynamo/compiled_autograd.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/extension.h>
+#include <torch/version.h>
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
+#include <torch/csrc/PyInterpreter.h>
+#include <torch/csrc/dynamo/compiled_autograd.h>
+#endif
 
 #include <atomic>
 #include <map>
@@ -463,6 +466,9 @@ class GradHooks {
     // asks each for a Python callable to put in the graph it builds. Ours runs
     // Fire() there; Dynamo cannot trace it, so the graph breaks and it runs as is,
     // after the gradient was accumulated, as in the eager engine.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
+    // (Older torch declares this hook method differently; there compiled autograd
+    // raises NotImplementedError, and HOROVOD_NATIVE_GRAD_HOOKS=0 is the way out.)
     void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& args) const override {
       py::gil_scoped_acquire gil;
       std::weak_ptr<State> st = state;
@@ -477,6 +483,7 @@ class GradHooks {
       });
       args.add_post_hook(c10::SafePyObject(fn.release().ptr(), getPyInterpreter()));
     }
+#endif
     std::weak_ptr<State> state;
     size_t index;
   };
