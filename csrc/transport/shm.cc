@@ -68,15 +68,18 @@ char* MapSegment(int memfd, size_t bytes) {
 
 namespace shm {
 
-// Helper threads for the parts of one pipeline step. Run() hands part p (p >= 1)
-// to helper p - 1, does part 0 itself and returns when all are done. Helpers spin
-// a while for the next step, then sleep on a condition variable.
+// Helper threads for the parts of one pipeline step. Run() does part 0, then,
+// like every helper, claims the next unclaimed part until none is left, and
+// returns when the parts others claimed are done too. So a helper that wakes
+// late (asleep since the last op) finds nothing left and costs nothing: a step
+// never takes longer than the rank's thread alone would. Helpers spin a while
+// for the next step, then sleep on a condition variable.
 class Helpers {
  public:
   // Throws std::system_error if a thread cannot be started (none is left running).
   Helpers(int n, int64_t spin_ns) : spin_ns_(spin_ns) {
     try {
-      for (int i = 0; i < n; ++i) threads_.emplace_back([this, i] { Loop(i + 1); });
+      for (int i = 0; i < n; ++i) threads_.emplace_back([this] { Loop(); });
     } catch (...) {
       Stop();
       throw;
@@ -84,19 +87,35 @@ class Helpers {
   }
   ~Helpers() { Stop(); }
   void Run(int parts, const std::function<void(int)>& fn) {
+    uint64_t gen;
     {
       std::lock_guard<std::mutex> lock(mu_);
       fn_ = &fn;
       parts_ = parts;
-      pending_.store(parts - 1, std::memory_order_relaxed);
-      gen_.fetch_add(1, std::memory_order_release);
+      done_.store(0, std::memory_order_relaxed);
+      gen = gen_.load(std::memory_order_relaxed) + 1;
+      ticket_.store(Ticket(gen, 1), std::memory_order_relaxed);
+      gen_.store(gen, std::memory_order_release);
     }
     cv_.notify_all();
     fn(0);
-    while (pending_.load(std::memory_order_acquire) > 0) CpuRelax();
+    int mine = 1;
+    for (int p; (p = Claim(gen, parts)) >= 0; ++mine) fn(p);
+    while (mine + done_.load(std::memory_order_acquire) < parts) CpuRelax();
   }
 
  private:
+  // A claim names its step's generation, so a helper still holding an older
+  // step's function can never take a part of a newer step.
+  static uint64_t Ticket(uint64_t gen, int next) { return (gen << 32) | static_cast<uint32_t>(next); }
+  int Claim(uint64_t gen, int parts) {
+    uint64_t t = ticket_.load(std::memory_order_acquire);
+    for (;;) {
+      const int next = static_cast<int>(t & 0xffffffffu);
+      if ((t >> 32) != (gen & 0xffffffffu) || next >= parts) return -1;
+      if (ticket_.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel)) return next;
+    }
+  }
   void Stop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -107,7 +126,7 @@ class Helpers {
     for (auto& t : threads_) t.join();
     threads_.clear();
   }
-  void Loop(int part) {
+  void Loop() {
     uint64_t seen = 0;
     for (;;) {
       const auto spin_end = Clock::now() + std::chrono::nanoseconds(spin_ns_);
@@ -125,9 +144,11 @@ class Helpers {
         fn = fn_;
         parts = parts_;
       }
-      if (part < parts) {
-        (*fn)(part);
-        pending_.fetch_sub(1, std::memory_order_release);
+      // fn is valid while a part of generation `seen` is unclaimed: Run() does
+      // not return before every claimed part is done.
+      for (int p; (p = Claim(seen, parts)) >= 0;) {
+        (*fn)(p);
+        done_.fetch_add(1, std::memory_order_release);
       }
     }
   }
@@ -136,11 +157,12 @@ class Helpers {
   std::vector<std::thread> threads_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::atomic<uint64_t> gen_{0};                   // bumped per step (and to stop)
-  std::atomic<int> pending_{0};                    // parts still running on helpers
-  const std::function<void(int)>* fn_ = nullptr;   // GUARDED_BY(mu_)
-  int parts_ = 0;                                  // GUARDED_BY(mu_)
-  bool stop_ = false;                              // GUARDED_BY(mu_)
+  std::atomic<uint64_t> gen_{0};     // bumped per step (and to stop)
+  std::atomic<uint64_t> ticket_{0};  // generation (high 32 bits), next part to claim
+  std::atomic<int> done_{0};         // parts finished by helpers this step
+  const std::function<void(int)>* fn_ = nullptr;  // GUARDED_BY(mu_)
+  int parts_ = 0;                                 // GUARDED_BY(mu_)
+  bool stop_ = false;                             // GUARDED_BY(mu_)
 };
 
 }  // namespace shm
