@@ -10,7 +10,8 @@
 //   unpacking one multi-tensor copy, scaling one kernel over the fused buffer.
 // - Completion: a done event recorded after the op completes the handle at once;
 //   synchronize() makes the caller's stream wait on it. The background loop never
-//   waits for the GPU.
+//   waits for the GPU; it only asks Busy() (is the oldest unfinished op moving
+//   data?) to decide whether new allreduces should gather a while (DESIGN.md §8).
 //
 // Threading: see core/gpu_backend.h.
 #pragma once
