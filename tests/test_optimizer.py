@@ -23,11 +23,14 @@ def test_exactness_python_hooks(opt, op, bpps, extra):
 
 
 @pytest.mark.parametrize("native", ["1", "0"], ids=["cpp-hooks", "python-hooks"])
-@pytest.mark.parametrize("bpps,extra", [(1, "compiled"), (2, "compiled+fp16")])
-def test_exactness_under_compiled_autograd(native, bpps, extra):
-    # torch._dynamo.compiled_autograd runs hooks from the graph it builds.
+@pytest.mark.parametrize("bpps,extra", [(1, "compiled"), (2, "compiled+fp16"),
+                                        (2, "torch.compile")])
+def test_exactness_under_torch_compile(native, bpps, extra):
+    # compiled: torch._dynamo.compiled_autograd runs hooks from the graph it builds;
+    # torch.compile: the model is compiled (aot_eager), backward runs eagerly.
     import torch
-    if native == "1" and tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 9):
+    if (native == "1" and "compiled" in extra
+            and tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 9)):
         pytest.skip("the C++ hooks support compiled autograd from torch 2.9")
     run_workers("tests.train_workers:exactness", 2, args=["sgd", "average", bpps, extra],
                 timeout=180, env={"HOROVOD_NATIVE_GRAD_HOOKS": native})

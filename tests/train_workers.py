@@ -51,7 +51,8 @@ def _backward(loss, compiled: bool) -> None:
 def exactness(opt_name="sgd", op="average", bpps="1", extra="none", device="cpu"):
     """N ranks on 1/N shards end where one process on the whole batch ends.
 
-    extra: "none", or any of groups, fp16, compiled (compiled autograd) joined by +."""
+    extra: "none", or any of groups, fp16, compiled (compiled autograd), torch.compile
+    (the model, aot_eager) joined by +."""
     extras = set(extra.split("+"))
     hvd.init()
     r, n = hvd.rank(), hvd.size()
@@ -62,6 +63,9 @@ def exactness(opt_name="sgd", op="average", bpps="1", extra="none", device="cpu"
         torch.cuda.set_device(hvd.local_rank())
         dev = torch.device("cuda", hvd.local_rank())
     model = _model().to(dev)
+    if "torch.compile" in extras:
+        warnings.filterwarnings("ignore", message=".*Dynamo does not know how to trace")
+        model = torch.compile(model, backend="aot_eager")
     kwargs = {}
     if "groups" in extras:
         kwargs["num_groups"] = 2
