@@ -3,12 +3,18 @@ processes, same run, 4 KB to 64 MB. Prints a table of median times and speedups.
 
     python bench/allreduce_cpu.py --np 2 [--np 4] [--iters 20] [--back-to-back K]
     python bench/allreduce_cpu.py --transport mpi --np 2
+    python bench/allreduce_cpu.py --np 8 --back-to-back 5 --shm-vs-tcp 2
 
 The script launches itself under horovodrun; each worker initialises both
 horovod_torch and a gloo process group and alternates between them per size.
 With --transport mpi it launches itself under mpirun and measures horovod_torch
 twice in the same processes, over MPI (HOROVOD_CONTROLLER=mpi) and over its TCP
 transport (HOROVOD_CONTROLLER=gloo), each alternating with gloo.
+
+With --shm-vs-tcp R the same processes alternate R times between flat TCP
+(HOROVOD_HIERARCHICAL_ALLREDUCE=0) and the default (shared memory within the host
+above HOROVOD_SMALL_ALLREDUCE_BYTES), re-initialising horovod_torch in between, and
+print TCP / shared-memory ratios: an A/B free of the drift between separate runs.
 
 Each sample is timed from a barrier: one op (default), or K ops back to back
 (--back-to-back K, the time divided by K), which leaves out the barrier's exit skew
@@ -56,12 +62,45 @@ def _measure(hvd, dist, torch, iters, reps=1):
     return rows
 
 
-def worker(iters: int, transport: str, reps: int = 1) -> None:
+def _shm_vs_tcp(hvd, dist, torch, iters, reps, rounds):
+    """Alternates flat TCP and the default (shared memory) in the same processes."""
+    runs = {"tcp": [], "shm": []}
+    for _ in range(rounds):
+        for kind, value in (("tcp", "0"), ("shm", "-1")):
+            os.environ["HOROVOD_HIERARCHICAL_ALLREDUCE"] = value
+            hvd.init()
+            if not dist.is_initialized():
+                dist.init_process_group(
+                    "gloo", init_method=f"tcp://127.0.0.1:{os.environ['BENCH_PORT']}",
+                    rank=hvd.rank(), world_size=hvd.size())
+            runs[kind].append(_measure(hvd, dist, torch, iters, reps))
+            hvd.shutdown()
+    if dist.get_rank() == 0:
+        print(f"\nallreduce float32, {dist.get_world_size()} ranks, flat TCP vs shared memory, "
+              f"{rounds} alternating rounds, median of per-op times of {reps} back to back "
+              f"(torch {torch.__version__}, {os.cpu_count()} CPUs), ms")
+        print(f"{'size':>8} {'TCP (rounds)':>24} {'shm (rounds)':>24} {'TCP/shm':>8} {'gloo':>14}")
+        for i, nbytes in enumerate(SIZES):
+            tcp = [r[i][1] * 1e3 for r in runs["tcp"]]
+            shm = [r[i][1] * 1e3 for r in runs["shm"]]
+            gloo = [r[i][2] * 1e3 for kind in runs for r in runs[kind]]
+            print(f"{size_str(nbytes):>8} {' / '.join(f'{x:.3f}' for x in tcp):>24} "
+                  f"{' / '.join(f'{x:.3f}' for x in shm):>24} "
+                  f"{statistics.mean(tcp) / statistics.mean(shm):7.2f}x "
+                  f"{min(gloo):6.3f}-{max(gloo):.3f}")
+        sys.stdout.flush()
+    dist.destroy_process_group()
+
+
+def worker(iters: int, transport: str, reps: int = 1, shm_vs_tcp: int = 0) -> None:
     import torch
     import torch.distributed as dist
 
     import horovod_torch as hvd
     torch.set_num_threads(1)
+    if shm_vs_tcp > 0:
+        _shm_vs_tcp(hvd, dist, torch, iters, reps, shm_vs_tcp)
+        return
     if transport == "tcp":
         hvd.init()
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['BENCH_PORT']}",
@@ -113,15 +152,20 @@ def main() -> None:
                    help="time K ops in a row per sample (default 1)")
     p.add_argument("--transport", choices=("tcp", "mpi"), default="tcp",
                    help="mpi: run under mpirun and compare MPI, TCP and gloo")
+    p.add_argument("--shm-vs-tcp", type=int, default=0, metavar="R",
+                   help="alternate R times between flat TCP and shared memory (TCP only)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.shm_vs_tcp and args.transport != "tcp":
+        p.error("--shm-vs-tcp compares the TCP transport with shared memory; drop --transport mpi")
     if args.worker:
-        worker(args.iters, args.transport, args.back_to_back)
+        worker(args.iters, args.transport, args.back_to_back, args.shm_vs_tcp)
         return
     for n in args.np or [2, 4]:
         if args.transport == "tcp":
             rc = launch_self(__file__, n, ["--iters", str(args.iters), "--back-to-back",
-                                           str(args.back_to_back)], {"OMP_NUM_THREADS": "1"})
+                                           str(args.back_to_back), "--shm-vs-tcp",
+                                           str(args.shm_vs_tcp)], {"OMP_NUM_THREADS": "1"})
         else:
             env = dict(os.environ, BENCH_PORT=str(free_port()), OMP_NUM_THREADS="1",
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
