@@ -20,25 +20,27 @@ import os
 import signal
 import sys
 import time
-from typing import Dict, Optional
+from typing import Dict, List, Optional
+
+
+def _stat(pid: int) -> Optional[List[str]]:
+    """Fields 3 onwards of /proc/<pid>/stat (state first), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
 
 
 def start_time(pid: int) -> Optional[str]:
     """The process's start time (clock ticks after boot), or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]  # field 22; fields start at 3 here
+    fields = _stat(pid)
+    return fields[19] if fields else None  # field 22
 
 
 def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
 
 
 def _signal_groups(groups: Dict[int, str], signum: int) -> None:
