@@ -107,7 +107,9 @@ class Helpers {
  private:
   // A claim names its step's generation, so a helper still holding an older
   // step's function can never take a part of a newer step.
-  static uint64_t Ticket(uint64_t gen, int next) { return (gen << 32) | static_cast<uint32_t>(next); }
+  static uint64_t Ticket(uint64_t gen, int next) {
+    return (gen << 32) | static_cast<uint32_t>(next);
+  }
   int Claim(uint64_t gen, int parts) {
     uint64_t t = ticket_.load(std::memory_order_acquire);
     for (;;) {
