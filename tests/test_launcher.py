@@ -94,14 +94,23 @@ def _prefixed(stdout: str) -> Dict[int, List[str]]:
     return by_rank
 
 
-# Worker that records "<pid> <grandchild pid>" in $PID_DIR/<rank> and sleeps.
+# Worker that records "<pid> <grandchild pid>" in $PID_DIR/<rank> (elastic: the
+# first free index) and sleeps.
 SLEEPER = """
     import os, signal, subprocess, sys, time
     if os.environ.get("IGNORE_TERM"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     child = subprocess.Popen([sys.executable, "-c",
                               "import time; time.sleep(60)"])
-    path = os.path.join(os.environ["PID_DIR"], os.environ["HOROVOD_RANK"])
+    name, i = os.environ.get("HOROVOD_RANK"), 0
+    while name is None:  # elastic workers learn their rank only at rendezvous
+        try:
+            os.close(os.open(os.path.join(os.environ["PID_DIR"], f"claim{i}"),
+                             os.O_CREAT | os.O_EXCL))
+            name = str(i)
+        except FileExistsError:
+            i += 1
+    path = os.path.join(os.environ["PID_DIR"], name)
     with open(path + ".tmp", "w") as f:
         f.write(f"{os.getpid()} {child.pid}")
     os.rename(path + ".tmp", path)
@@ -396,14 +405,23 @@ def test_sigkill_after_grace_period(tmp_path: Path) -> None:
     _assert_gone(_read_pids(tmp_path, [0, 1]))
 
 
-@pytest.mark.parametrize("ignore_term", [False, True], ids=["term", "kill-after-grace"])
-def test_workers_stop_when_the_launcher_is_killed(tmp_path: Path, ignore_term: bool) -> None:
+@pytest.mark.parametrize("mode,ignore_term", [("static", False), ("static", True),
+                                              ("elastic", False)],
+                         ids=["term", "kill-after-grace", "elastic"])
+def test_workers_stop_when_the_launcher_is_killed(tmp_path: Path, mode: str,
+                                                  ignore_term: bool) -> None:
     """SIGKILL gives horovodrun no chance to stop its workers: its reaper does."""
     extra = {"PID_DIR": str(tmp_path)}
     if ignore_term:
         extra["IGNORE_TERM"] = "1"
+    args = ["-np", "2"]
+    if mode == "elastic":
+        discover = tmp_path / "discover.sh"
+        discover.write_text("#!/bin/sh\necho localhost:2\n")
+        discover.chmod(0o755)
+        args += ["--min-np", "1", "--max-np", "2", "--host-discovery-script", str(discover)]
     proc = subprocess.Popen(
-        _launcher("-np", "2", *_worker(SLEEPER)), stdout=subprocess.PIPE,
+        _launcher(*args, *_worker(SLEEPER)), stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, env=_env(**extra))
     try:
         _wait_for_files(tmp_path, [0, 1], proc)
