@@ -62,17 +62,21 @@ def _measure(hvd, dist, torch, iters, reps=1):
     return rows
 
 
+def _init(hvd, dist) -> None:
+    """hvd.init(), and the gloo group the first time."""
+    hvd.init()
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['BENCH_PORT']}",
+                                rank=hvd.rank(), world_size=hvd.size())
+
+
 def _shm_vs_tcp(hvd, dist, torch, iters, reps, rounds):
     """Alternates flat TCP and the default (shared memory) in the same processes."""
     runs = {"tcp": [], "shm": []}
     for _ in range(rounds):
         for kind, value in (("tcp", "0"), ("shm", "-1")):
             os.environ["HOROVOD_HIERARCHICAL_ALLREDUCE"] = value
-            hvd.init()
-            if not dist.is_initialized():
-                dist.init_process_group(
-                    "gloo", init_method=f"tcp://127.0.0.1:{os.environ['BENCH_PORT']}",
-                    rank=hvd.rank(), world_size=hvd.size())
+            _init(hvd, dist)
             runs[kind].append(_measure(hvd, dist, torch, iters, reps))
             hvd.shutdown()
     if dist.get_rank() == 0:
@@ -102,9 +106,7 @@ def worker(iters: int, transport: str, reps: int = 1, shm_vs_tcp: int = 0) -> No
         _shm_vs_tcp(hvd, dist, torch, iters, reps, shm_vs_tcp)
         return
     if transport == "tcp":
-        hvd.init()
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['BENCH_PORT']}",
-                                rank=hvd.rank(), world_size=hvd.size())
+        _init(hvd, dist)
         rows = _measure(hvd, dist, torch, iters, reps)
         if hvd.rank() == 0:
             how = "per-op times" if reps == 1 else f"per-op times of {reps} back to back"
@@ -123,11 +125,7 @@ def worker(iters: int, transport: str, reps: int = 1, shm_vs_tcp: int = 0) -> No
     results = {}
     for controller in ("mpi", "gloo"):
         os.environ["HOROVOD_CONTROLLER"] = controller
-        hvd.init()
-        if not dist.is_initialized():
-            dist.init_process_group(
-                "gloo", init_method=f"tcp://127.0.0.1:{os.environ['BENCH_PORT']}",
-                rank=hvd.rank(), world_size=hvd.size())
+        _init(hvd, dist)
         assert hvd.mpi_enabled() == (controller == "mpi")
         results[controller] = _measure(hvd, dist, torch, iters, reps)
         hvd.shutdown()
