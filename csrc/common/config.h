@@ -59,8 +59,9 @@ namespace hvd {
     "-1: CPUs available / (2 * local ranks), at most 4; 1: no helpers; at most 64.")    \
   X(batch_while_busy, "HOROVOD_BATCH_WHILE_BUSY", int64_t, 1,                          \
     "1: GPU allreduces that become ready while this rank's NCCL stream is moving "    \
-    "data (not waiting for the backward pass) wait until it stops (at most 10 ms, or " \
-    "until a fusion buffer's worth waits), then go out fused; 0: negotiate at once.")  \
+    "data (not waiting for the backward pass) wait until it stops (at most 10 ms, "   \
+    "until a fusion buffer's worth waits, or until a caller waits for one of them), " \
+    "then go out fused; 0: negotiate at once.")                                        \
   X(native_grad_hooks, "HOROVOD_NATIVE_GRAD_HOOKS", int64_t, 1,                        \
     "1: DistributedOptimizer starts each gradient's allreduce from a C++ hook on the "  \
     "autograd thread (no Python, no GIL), unless it uses groups, Adasum or a custom "   \

@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "common/status.h"
+#include "core/waiters.h"
 
 namespace hvd {
 
@@ -34,6 +35,9 @@ class GpuEvent {
 
 class HandleState {
  public:
+  HandleState() = default;
+  // `waiters` counts this handle's callers while they wait for it.
+  explicit HandleState(std::shared_ptr<Waiters> waiters) : waiters_(std::move(waiters)) {}
   void Complete(Status status, at::Tensor output = {}, at::Tensor splits = {},
                 std::shared_ptr<GpuEvent> event = nullptr) {
     {
@@ -62,6 +66,8 @@ class HandleState {
   // first polls that long (yielding) before sleeping: a short op then returns
   // without a condition-variable wake-up (HOROVOD_SPIN_US).
   void Wait(double spin_us = 0) {
+    if (done_flag_.load(std::memory_order_acquire)) return;
+    Waiters::Scope waiting(waiters_.get());
     if (spin_us > 0) {
       auto until = std::chrono::steady_clock::now() +
                    std::chrono::microseconds(static_cast<int64_t>(spin_us));
@@ -88,6 +94,7 @@ class HandleState {
   at::Tensor output_;
   at::Tensor splits_;
   std::shared_ptr<GpuEvent> event_;
+  const std::shared_ptr<Waiters> waiters_;  // may be null
 };
 
 class HandleTable {

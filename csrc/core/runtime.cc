@@ -346,7 +346,7 @@ Status Runtime::Submit(std::vector<Submission> subs,
   handles->clear();
   for (const auto& s : subs) joined_ = joined_ || s.request.type == OpType::kJoin;
   for (size_t i = 0; i < subs.size(); ++i) {
-    auto h = std::make_shared<HandleState>();
+    auto h = std::make_shared<HandleState>(waiters_);
     handles->push_back(h);
     fresh_[subs[i].process_set_id].push_back(subs[i].request);
     std::string name = subs[i].request.name;
@@ -446,12 +446,13 @@ void Runtime::Loop() {
 // that those arriving meanwhile join them. Where the link is slow this turns a
 // stream of small collectives into a few large ones; where it is fast the stream
 // is idle, or waiting for the backward pass, when the next gradient arrives and
-// nothing waits (docs/design.md §8). Called and returns with mu_ held.
+// nothing waits. No hold while a caller waits for an op: it sends nothing more
+// meanwhile (docs/design.md §8). Called and returns with mu_ held.
 void Runtime::HoldWhileGpuBusy(std::unique_lock<std::mutex>& lock) {
   constexpr auto kMaxHold = std::chrono::milliseconds(10);
   const auto start = std::chrono::steady_clock::now();
   const int64_t threshold = controller_->params().fusion_threshold_bytes;
-  while (!fresh_.empty() && !shutdown_requested_ &&
+  while (!fresh_.empty() && !shutdown_requested_ && !waiters_->Any() &&
          std::chrono::steady_clock::now() - start < kMaxHold) {
     std::vector<GpuBackend*> gpus;
     for (const auto& kv : fresh_) {
@@ -466,8 +467,9 @@ void Runtime::HoldWhileGpuBusy(std::unique_lock<std::mutex>& lock) {
     bool busy = true;
     for (GpuBackend* g : gpus) busy = busy && g->Busy();
     // Nap rather than spin: each look at the GPU takes the driver's lock, which
-    // the thread launching the backward pass's kernels needs.
-    if (busy) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    // the thread launching the backward pass's kernels needs. A caller that
+    // starts waiting for its op ends the nap and the hold.
+    if (busy) waiters_->Nap(std::chrono::microseconds(20));
     lock.lock();
     if (!busy) return;
   }

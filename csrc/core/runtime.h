@@ -124,6 +124,8 @@ class Runtime {
   std::map<int32_t, std::vector<Request>> fresh_;    // GUARDED_BY(mu_), by process set
   std::map<int32_t, std::vector<int>> set_ranks_;    // GUARDED_BY(mu_): registered sets
   std::atomic<bool> has_fresh_{false};               // hint for the spinning loop
+  // Callers blocked waiting for their ops; shared with their handles.
+  const std::shared_ptr<Waiters> waiters_ = std::make_shared<Waiters>();
   std::unordered_map<std::string, Entry> pending_;   // GUARDED_BY(mu_)
   bool shutdown_requested_ = false;                  // GUARDED_BY(mu_)
   bool joined_ = false;  // GUARDED_BY(mu_): hvd.join() pending; zeros stand in for ops
