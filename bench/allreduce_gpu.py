@@ -32,21 +32,19 @@ def worker(iters: int, max_mb: int) -> None:
     for nbytes in [s for s in SIZES if s <= max_mb << 20]:
         t = torch.ones(nbytes // 4, dtype=torch.float32, device=dev)
         times = {"hvd": [], "nccl": []}
-        reps = 6 if nbytes < 1 << 28 else 3
-        for rep in range(reps):  # blocks alternate between the two; block 0 warms up
+        for rep in range(6):  # blocks alternate between the two; block 0 warms up
             for lib in ("hvd", "nccl"):
                 dist.barrier()
                 torch.cuda.synchronize()
                 start = time.perf_counter()
-                for _ in range(iters if nbytes < 1 << 28 else max(2, iters // 4)):
+                for _ in range(iters):
                     if lib == "hvd":
                         hvd.allreduce_(t, name=f"bench.{nbytes}", op=hvd.Sum)
                     else:
                         dist.all_reduce(t)
                 torch.cuda.synchronize()
                 if rep > 0:
-                    n_it = iters if nbytes < 1 << 28 else max(2, iters // 4)
-                    times[lib].append((time.perf_counter() - start) / n_it)
+                    times[lib].append((time.perf_counter() - start) / iters)
         med = {k: torch.tensor([statistics.median(v)], dtype=torch.float64, device=dev)
                for k, v in times.items()}
         for v in med.values():
