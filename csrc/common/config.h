@@ -60,7 +60,7 @@ namespace hvd {
   X(batch_while_busy, "HOROVOD_BATCH_WHILE_BUSY", int64_t, 1,                          \
     "1: GPU allreduces that become ready while this rank's NCCL stream is moving "    \
     "data (not waiting for the backward pass) wait until it stops (at most 10 ms, "   \
-    "until a fusion buffer's worth waits, or until a caller waits for one of them), " \
+    "until a fusion buffer's worth waits, or until a caller waits for any op), "      \
     "then go out fused; 0: negotiate at once.")                                        \
   X(native_grad_hooks, "HOROVOD_NATIVE_GRAD_HOOKS", int64_t, 1,                        \
     "1: DistributedOptimizer starts each gradient's allreduce from a C++ hook on the "  \
