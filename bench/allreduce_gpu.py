@@ -2,7 +2,7 @@
 processes, same GPUs, same run. Prints median time per op, bus bandwidth and the ratio
 torch/hvd of the times (above 1: hvd is faster; the bus bandwidth ratio).
 
-    python bench/allreduce_gpu.py [--np N] [--iters 20] [--max-mb 1024]
+    python bench/allreduce_gpu.py [--np N] [--iters 20] [--max-mb 1024] [--op average]
 
 Launches itself under horovodrun with one process per GPU (default: all GPUs).
 """
@@ -19,7 +19,7 @@ SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 <
 
 
 
-def worker(iters: int, max_mb: int) -> None:
+def worker(iters: int, max_mb: int, op: str) -> None:
     import torch
     import torch.distributed as dist
 
@@ -29,6 +29,8 @@ def worker(iters: int, max_mb: int) -> None:
     dev = torch.device("cuda", hvd.local_rank())
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{os.environ['BENCH_PORT']}",
                             rank=hvd.rank(), world_size=hvd.size(), device_id=dev)
+    hvd_op, torch_op = ((hvd.Average, dist.ReduceOp.AVG) if op == "average"
+                        else (hvd.Sum, dist.ReduceOp.SUM))
     rows = []
     for nbytes in [s for s in SIZES if s <= max_mb << 20]:
         t = torch.ones(nbytes // 4, dtype=torch.float32, device=dev)
@@ -40,9 +42,9 @@ def worker(iters: int, max_mb: int) -> None:
                 start = time.perf_counter()
                 for _ in range(iters):
                     if lib == "hvd":
-                        hvd.allreduce_(t, name=f"bench.{nbytes}", op=hvd.Sum)
+                        hvd.allreduce_(t, name=f"bench.{nbytes}", op=hvd_op)
                     else:
-                        dist.all_reduce(t)
+                        dist.all_reduce(t, op=torch_op)
                 torch.cuda.synchronize()
                 if rep > 0:
                     times[lib].append((time.perf_counter() - start) / iters)
@@ -52,7 +54,7 @@ def worker(iters: int, max_mb: int) -> None:
             dist.all_reduce(v, op=dist.ReduceOp.MAX)
         rows.append((nbytes, med["hvd"].item(), med["nccl"].item()))
     if hvd.rank() == 0:
-        print(f"\nallreduce float32 on {hvd.size()} x {torch.cuda.get_device_name(dev)}, "
+        print(f"\nallreduce ({op}) float32 on {hvd.size()} x {torch.cuda.get_device_name(dev)}, "
               f"median per-op time (torch {torch.__version__}, NCCL "
               f"{'.'.join(map(str, torch.cuda.nccl.version()))}, hvd NCCL code "
               f"{hvd.nccl_built()})")
@@ -73,14 +75,16 @@ def main() -> None:
     p.add_argument("--np", type=int, default=0, help="processes (default: one per GPU)")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--max-mb", type=int, default=1024, help="largest size in MB (default 1024)")
+    p.add_argument("--op", choices=["sum", "average"], default="sum")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        worker(args.iters, args.max_mb)
+        worker(args.iters, args.max_mb, args.op)
         return
     import torch
     n = args.np or torch.cuda.device_count()
-    sys.exit(launch_self(__file__, n, ["--iters", str(args.iters), "--max-mb", str(args.max_mb)]))
+    sys.exit(launch_self(__file__, n, ["--iters", str(args.iters), "--max-mb", str(args.max_mb),
+                                          "--op", args.op]))
 
 if __name__ == "__main__":
     main()

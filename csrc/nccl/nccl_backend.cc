@@ -130,6 +130,73 @@ int64_t RowBytes(const at::Tensor& t) {
   return n;
 }
 
+// The NCCL op of one reduction, with the prescale, the postscale and Average's
+// 1/size folded into it where NCCL can: a floating-point Sum or Average whose
+// factors multiply to f is reduced as a sum of each rank's input times f (ncclSum
+// for f = 1, ncclAvg for 1/size, else a pre-multiplied sum made for this op).
+// Then no scaling kernel runs before or after. folded() is false for other types
+// and ops: the caller scales before and after.
+class FoldedOp {
+ public:
+  FoldedOp(const Response& r, at::ScalarType t, ncclComm_t comm, int size)
+      : comm_(comm), op_(NcclOp(r.op, t == at::kBool)) {
+    const bool sum = r.op == ReduceOp::kSum || r.op == ReduceOp::kAverage;
+    if (!sum || !at::isFloatingType(t)) return;
+    const double scale = r.prescale * r.postscale;
+    const double f = scale * (r.op == ReduceOp::kAverage ? 1.0 / size : 1.0);
+    if (f == 1.0) {
+      op_ = ncclSum;
+    } else if (r.op == ReduceOp::kAverage && scale == 1.0) {
+      op_ = ncclAvg;
+    } else if (!Create(t, f)) {
+      return;  // an unusual type: scaled by kernels instead
+    }
+    folded_ = true;
+  }
+  ~FoldedOp() {
+    if (created_) ncclRedOpDestroy(op_, comm_);
+  }
+  FoldedOp(const FoldedOp&) = delete;
+  FoldedOp& operator=(const FoldedOp&) = delete;
+
+  ncclRedOp_t op() const { return op_; }
+  bool folded() const { return folded_; }
+  const Status& status() const { return status_; }
+
+ private:
+  // The scalar is read before the call returns (ncclScalarHostImmediate).
+  bool Create(at::ScalarType t, double f) {
+    ncclResult_t res;
+    switch (t) {
+      case at::kHalf: { c10::Half v(static_cast<float>(f)); res = Make(&v, ncclFloat16); break; }
+      case at::kBFloat16: {
+        c10::BFloat16 v(static_cast<float>(f));
+        res = Make(&v, ncclBfloat16);
+        break;
+      }
+      case at::kFloat: { float v = static_cast<float>(f); res = Make(&v, ncclFloat32); break; }
+      case at::kDouble: { double v = f; res = Make(&v, ncclFloat64); break; }
+      default: return false;
+    }
+    if (res != ncclSuccess) {
+      status_ = Status::Aborted(std::string("NCCL error in ncclRedOpCreatePreMulSum: ") +
+                                ncclGetErrorString(res));
+      return false;
+    }
+    created_ = true;
+    return true;
+  }
+  ncclResult_t Make(void* scalar, ncclDataType_t dt) {
+    return ncclRedOpCreatePreMulSum(&op_, scalar, dt, ncclScalarHostImmediate, comm_);
+  }
+
+  ncclComm_t comm_;
+  ncclRedOp_t op_;
+  bool folded_ = false;
+  bool created_ = false;
+  Status status_ = Status::Ok();
+};
+
 // The tensor NCCL reduces: int16 widened, bool viewed as bytes, else itself.
 at::Tensor Reducible(const at::Tensor& t) {
   if (t.scalar_type() == at::kShort) return t.to(at::kInt);
@@ -245,12 +312,13 @@ Status NcclBackend::Execute(const std::vector<Response>& batch, std::vector<Entr
 
 Status NcclBackend::ReduceInPlace(Device& d, at::Tensor buf, const Response& r) {
   at::Tensor work = Reducible(buf);
-  const bool is_bool = buf.scalar_type() == at::kBool;
-  Scale(work, r.prescale);
+  FoldedOp op(r, buf.scalar_type(), d.comm, size_);
+  HVD_RETURN_IF_ERROR(op.status());
+  if (!op.folded()) Scale(work, r.prescale);
   HVD_NCCL(ncclAllReduce(work.data_ptr(), work.data_ptr(), work.numel(),
-                         NcclType(work.scalar_type()), NcclOp(r.op, is_bool), d.comm, *d.stream),
+                         NcclType(work.scalar_type()), op.op(), d.comm, *d.stream),
            d.comm);
-  Scale(work, r.postscale * (r.op == ReduceOp::kAverage ? 1.0 / size_ : 1.0));
+  if (!op.folded()) Scale(work, r.postscale * (r.op == ReduceOp::kAverage ? 1.0 / size_ : 1.0));
   if (!work.is_same(buf) && work.data_ptr() != buf.data_ptr()) buf.copy_(work);
   return Status::Ok();
 }
@@ -364,7 +432,9 @@ Status NcclBackend::Reducescatter(Device& d, const Response& r, Entry& e, at::Te
   shape[0] = rows[rank_];
   *out = at::empty(shape, in.options());
   at::Tensor work = Reducible(in);
-  if (r.prescale != 1.0) {
+  FoldedOp fop(r, in.scalar_type(), d.comm, size_);
+  HVD_RETURN_IF_ERROR(fop.status());
+  if (!fop.folded() && r.prescale != 1.0) {
     work = work.is_same(in) || work.data_ptr() == in.data_ptr() ? work.clone() : work;
     Scale(work, r.prescale);
   }
@@ -374,9 +444,8 @@ Status NcclBackend::Reducescatter(Device& d, const Response& r, Entry& e, at::Te
   }
   const int64_t elems_per_row = in.numel() / std::max<int64_t>(1, dim0);
   const size_t esize = work.element_size();
-  const bool is_bool = in.scalar_type() == at::kBool;
   const ncclDataType_t dt = NcclType(work.scalar_type());
-  const ncclRedOp_t op = NcclOp(r.op, is_bool);
+  const ncclRedOp_t op = fop.op();
   bool even = dim0 % size_ == 0;
   if (even) {
     HVD_NCCL(ncclReduceScatter(work.data_ptr(), out_work.data_ptr(), rows[0] * elems_per_row, dt,
@@ -396,7 +465,9 @@ Status NcclBackend::Reducescatter(Device& d, const Response& r, Entry& e, at::Te
     }
     HVD_NCCL(ncclGroupEnd(), d.comm);
   }
-  Scale(out_work, r.postscale * (r.op == ReduceOp::kAverage ? 1.0 / size_ : 1.0));
+  if (!fop.folded()) {
+    Scale(out_work, r.postscale * (r.op == ReduceOp::kAverage ? 1.0 / size_ : 1.0));
+  }
   if (out_work.data_ptr() != out->data_ptr()) out->copy_(out_work);
   return Status::Ok();
 }
