@@ -43,6 +43,13 @@ def test_optimizer_exactness_on_gpu(opt, op, bpps, extra, native):
                 env={**GPU_ENV, "HOROVOD_NATIVE_GRAD_HOOKS": native}, timeout=240)
 
 
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_fp16_compression_sends_float16_on_gpu(native):
+    # native 1: the NCCL backend casts while packing (in-pack); 0: Python casts
+    run_workers("tests.train_workers:fp16_wire", 2, args=["cuda"], timeout=240,
+                env={**GPU_ENV, "HOROVOD_NATIVE_GRAD_HOOKS": native})
+
+
 def test_amp_with_gradscaler():
     run_workers("tests.train_workers:amp_gradscaler", 2, env=GPU_ENV, timeout=240)
 

@@ -41,6 +41,12 @@ def test_exactness_three_ranks_adam():
                 timeout=90)
 
 
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_fp16_compression_sends_float16(native):
+    run_workers("tests.train_workers:fp16_wire", 2, timeout=90,
+                env={"HOROVOD_NATIVE_GRAD_HOOKS": native})
+
+
 def test_optimizer_behaviours():
     run_workers("tests.train_workers:behaviours", 2, timeout=90)
 

@@ -107,6 +107,38 @@ def exactness(opt_name="sgd", op="average", bpps="1", extra="none", device="cpu"
     print("exactness ok", flush=True)
 
 
+def fp16_wire(device="cpu"):
+    """Compression.fp16 sends gradients as float16: the averaged gradient is the
+    average of the ranks' float16-rounded gradients, itself a float16 value, and .grad
+    keeps its float32 dtype. One parameter alone (an unfused allreduce), then four
+    (fused, as they come)."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    dev = torch.device("cpu")
+    if device == "cuda":
+        torch.cuda.set_device(hvd.local_rank())
+        dev = torch.device("cuda", hvd.local_rank())
+    for sizes in [(5000,), (1, 7, 1000, 5000)]:
+        params = [nn.Parameter(torch.zeros(k, device=dev)) for k in sizes]
+        opt = hvd.DistributedOptimizer(
+            torch.optim.SGD(params, lr=0.0),
+            named_parameters=[(f"w{len(sizes)}.{i}", p) for i, p in enumerate(params)],
+            compression=hvd.Compression.fp16)
+        gen = torch.Generator().manual_seed(len(sizes))
+        grads = [[torch.randn(k, generator=gen) / 3 for k in sizes] for _ in range(n)]
+        sum((p * g.to(dev)).sum() for p, g in zip(params, grads[r])).backward()
+        opt.step()
+        for i, p in enumerate(params):
+            got = p.grad.cpu()
+            assert got.dtype == torch.float32, got.dtype
+            assert torch.equal(got, got.half().float()), f"not a float16 value: {sizes}[{i}]"
+            expect = torch.stack([g[i].half().double() for g in grads]).mean(0)
+            assert torch.allclose(got.double(), expect, atol=1e-3, rtol=1e-3), \
+                (got.double() - expect).abs().max()
+    hvd.shutdown()
+    print("fp16 wire ok", flush=True)
+
+
 class _Branchy(nn.Module):
     def __init__(self):
         super().__init__()

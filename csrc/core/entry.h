@@ -17,6 +17,10 @@ struct Submission {
   at::Tensor input;
   at::Tensor output;  // allreduce / broadcast: where the result goes (may alias input)
   int32_t process_set_id = 0;  // 0: all ranks
+  // Allreduce of a CUDA floating-point tensor only (Compression.fp16/bf16 in the C++
+  // gradient hooks): the dtype it is sent and reduced in. The request carries it;
+  // the GPU backend casts while packing and back while unpacking.
+  c10::optional<at::ScalarType> wire;
 };
 
 struct Entry {

@@ -236,6 +236,11 @@ Status Runtime::CheckLocal(const Submission& s, const std::vector<int>* set_rank
                                    " is not supported (use uint8, int8, int16, int32, int64, "
                                    "float16, bfloat16, float32, float64 or bool)");
   }
+  if (s.wire && (r.type != OpType::kAllreduce || !s.input.is_cuda() ||
+                 !at::isFloatingType(s.input.scalar_type()) || !at::isFloatingType(*s.wire))) {
+    return Status::InvalidArgument("internal: a wire dtype is for allreduces of CUDA "
+                                   "floating-point tensors only ('" + r.name + "')");
+  }
   if (!s.input.is_contiguous() || (s.output.defined() && !s.output.is_contiguous())) {
     return Status::InvalidArgument(std::string(op) + " of '" + r.name +
                                    "': in-place ops need a contiguous tensor; call "
@@ -315,7 +320,7 @@ Status Runtime::Submit(std::vector<Submission> subs,
                                     ranks->begin());
     }
     if (s.input.defined()) {
-      ToDataType(s.input.scalar_type(), &r.dtype);
+      ToDataType(s.wire.value_or(s.input.scalar_type()), &r.dtype);
       r.shape.assign(s.input.sizes().begin(), s.input.sizes().end());
       r.device = s.input.is_cuda() ? s.input.device().index() : -1;
     }

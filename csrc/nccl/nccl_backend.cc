@@ -326,18 +326,31 @@ Status NcclBackend::ReduceInPlace(Device& d, at::Tensor buf, const Response& r) 
 Status NcclBackend::Allreduce(Device& d, const std::vector<Response>& batch,
                               std::vector<Entry>& entries) {
   const Response& r = batch[0];
+  // The dtype on the wire: the tensor's own, or the one a compressor asked for.
+  // It is the requests' dtype, so the same for the whole batch.
+  const at::ScalarType wire = entries[0].sub.wire.value_or(entries[0].sub.input.scalar_type());
   if (entries.size() == 1) {
     Entry& e = entries[0];
     at::Tensor& out = e.sub.output;
+    if (wire != e.sub.input.scalar_type()) {
+      at::Tensor w = e.sub.input.to(wire);  // on our stream, freed in its order
+      HVD_RETURN_IF_ERROR(ReduceInPlace(d, w.view(-1), r));
+      out.copy_(w);
+      return Status::Ok();
+    }
     if (!out.is_same(e.sub.input)) out.copy_(e.sub.input);
     return ReduceInPlace(d, out.view(-1), r);
   }
-  // Fused: one cat kernel packs, one reduction, one multi-tensor copy unpacks.
+  // Fused: one kernel packs (a cat, or a multi-tensor copy that also casts to the
+  // wire dtype), one reduction, one multi-tensor copy unpacks (and casts back).
+  const int64_t esize = c10::elementSize(wire);
   size_t bytes = 0;
   std::vector<at::Tensor> flat_in, flat_out;
   std::vector<int64_t> numels;
+  bool cast = false;
   for (auto& e : entries) {
-    bytes += Bytes(e.sub.input);
+    cast = cast || e.sub.input.scalar_type() != wire;
+    bytes += static_cast<size_t>(e.sub.input.numel() * esize);
     flat_in.push_back(e.sub.input.view(-1));
     flat_out.push_back(e.sub.output.view(-1));
     numels.push_back(e.sub.input.numel());
@@ -347,11 +360,15 @@ Status NcclBackend::Allreduce(Device& d, const std::vector<Response>& batch,
     d.fusion = at::empty({static_cast<int64_t>(want)},
                          entries[0].sub.input.options().dtype(at::kByte));
   }
-  at::Tensor buf = d.fusion.narrow(0, 0, static_cast<int64_t>(bytes))
-                       .view(entries[0].sub.input.scalar_type());
-  at::cat_out(buf, flat_in, 0);
+  at::Tensor buf = d.fusion.narrow(0, 0, static_cast<int64_t>(bytes)).view(wire);
+  std::vector<at::Tensor> parts = buf.split_with_sizes(numels);
+  if (cast) {
+    at::_foreach_copy_(parts, flat_in);
+  } else {
+    at::cat_out(buf, flat_in, 0);
+  }
   HVD_RETURN_IF_ERROR(ReduceInPlace(d, buf, r));
-  at::_foreach_copy_(flat_out, buf.split_with_sizes(numels));
+  at::_foreach_copy_(flat_out, parts);
   return Status::Ok();
 }
 

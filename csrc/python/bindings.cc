@@ -303,8 +303,9 @@ py::list WaitMany(const std::vector<int>& handles) {
 }
 
 // DistributedOptimizer's gradient hooks in C++: a post hook on each parameter's
-// gradient accumulator submits the in-place allreduce of its .grad (cast to the
-// wire dtype first with Compression.fp16/bf16) straight to the runtime. It runs
+// gradient accumulator submits the in-place allreduce of its .grad straight to the
+// runtime. With Compression.fp16/bf16 a CUDA gradient goes with its wire dtype, and
+// the GPU backend casts while it packs and unpacks; a CPU one is cast here first. It runs
 // on the autograd thread without Python or the GIL, so a backward pass bound by
 // the CPU that launches its kernels is not slowed by a Python call per gradient.
 // synchronize() collects the handles with Take() and starts, in Python, the
@@ -430,11 +431,15 @@ class GradHooks {
         return;  // synchronize() starts it from Python
       }
       at::Tensor w = grad;
-      if (wire && at::isFloatingType(grad.scalar_type()) && grad.scalar_type() != *wire) {
-        w = grad.to(*wire);
-      }
       std::vector<Submission> subs(1);
       Submission& sub = subs[0];
+      if (wire && at::isFloatingType(grad.scalar_type()) && grad.scalar_type() != *wire) {
+        if (grad.is_cuda()) {
+          sub.wire = *wire;  // the GPU backend casts while packing, off this thread
+        } else {
+          w = grad.to(*wire);
+        }
+      }
       sub.process_set_id = process_set_id;
       sub.request.type = OpType::kAllreduce;
       sub.request.name = names[i];
