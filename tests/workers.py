@@ -92,6 +92,12 @@ def all_collectives(seed: str = "0", device: str = "cpu") -> None:
                                postscale_factor=3.0)
                 close(t, (reference_reduce(inputs, hvd.Sum, torch.float64) * 1.5).to(dtype),
                       f"allreduce_ scaled {dtype}")
+                # Average split before and after the sum (gradient_predivide_factor)
+                t = inputs[r].clone()
+                hvd.allreduce_(t, name=f"ara.{case}", op=hvd.Average, prescale_factor=0.5,
+                               postscale_factor=2.0)
+                close(t, reference_reduce(inputs, hvd.Average, torch.float64).to(dtype),
+                      f"allreduce_ Average scaled {dtype}")
             # allgather with a different first dim per rank
             gin = [make(q, (q + 1,) + shape[1:], dtype, seed + case) for q in range(n)]
             close(hvd.allgather(gin[r], name=f"ag.{case}"), torch.cat(gin),

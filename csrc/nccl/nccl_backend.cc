@@ -130,28 +130,31 @@ int64_t RowBytes(const at::Tensor& t) {
   return n;
 }
 
-// The NCCL op of one reduction, with the prescale, the postscale and Average's
-// 1/size folded into it where NCCL can: a floating-point Sum or Average whose
-// factors multiply to f is reduced as a sum of each rank's input times f (ncclSum
-// for f = 1, ncclAvg for 1/size, else a pre-multiplied sum made for this op).
-// Then no scaling kernel runs before or after. folded() is false for other types
-// and ops: the caller scales before and after.
+// The NCCL op of one reduction, with as much of the scaling folded into it as
+// keeps the user's split between before and after the sum. For a floating-point
+// Sum or Average, the prescale multiplies each rank's input inside NCCL's
+// reduction (a pre-multiplied sum made for this op; ncclSum when it is 1), and a
+// plain Average (no factors) is ncclAvg. pre() and post() are what is left for
+// the caller to scale by before and after: a postscale, Average's 1/size after a
+// prescale, or, for other types and ops, both factors.
 class FoldedOp {
  public:
   FoldedOp(const Response& r, at::ScalarType t, ncclComm_t comm, int size)
-      : comm_(comm), op_(NcclOp(r.op, t == at::kBool)) {
+      : comm_(comm),
+        op_(NcclOp(r.op, t == at::kBool)),
+        pre_(r.prescale),
+        post_(r.postscale * (r.op == ReduceOp::kAverage ? 1.0 / size : 1.0)) {
     const bool sum = r.op == ReduceOp::kSum || r.op == ReduceOp::kAverage;
     if (!sum || !at::isFloatingType(t)) return;
-    const double scale = r.prescale * r.postscale;
-    const double f = scale * (r.op == ReduceOp::kAverage ? 1.0 / size : 1.0);
-    if (f == 1.0) {
-      op_ = ncclSum;
-    } else if (r.op == ReduceOp::kAverage && scale == 1.0) {
+    if (r.op == ReduceOp::kAverage && r.prescale == 1.0 && r.postscale == 1.0) {
       op_ = ncclAvg;
-    } else if (!Create(t, f)) {
-      return;  // an unusual type: scaled by kernels instead
+      post_ = 1.0;
+    } else if (pre_ == 1.0) {
+      op_ = ncclSum;
+    } else if (!Create(t, pre_)) {
+      return;  // an unusual type, or an error (status()): scaled by kernels
     }
-    folded_ = true;
+    pre_ = 1.0;
   }
   ~FoldedOp() {
     if (created_) ncclRedOpDestroy(op_, comm_);
@@ -160,7 +163,8 @@ class FoldedOp {
   FoldedOp& operator=(const FoldedOp&) = delete;
 
   ncclRedOp_t op() const { return op_; }
-  bool folded() const { return folded_; }
+  double pre() const { return pre_; }
+  double post() const { return post_; }
   const Status& status() const { return status_; }
 
  private:
@@ -192,7 +196,7 @@ class FoldedOp {
 
   ncclComm_t comm_;
   ncclRedOp_t op_;
-  bool folded_ = false;
+  double pre_, post_;
   bool created_ = false;
   Status status_ = Status::Ok();
 };
@@ -314,11 +318,11 @@ Status NcclBackend::ReduceInPlace(Device& d, at::Tensor buf, const Response& r) 
   at::Tensor work = Reducible(buf);
   FoldedOp op(r, buf.scalar_type(), d.comm, size_);
   HVD_RETURN_IF_ERROR(op.status());
-  if (!op.folded()) Scale(work, r.prescale);
+  Scale(work, op.pre());
   HVD_NCCL(ncclAllReduce(work.data_ptr(), work.data_ptr(), work.numel(),
                          NcclType(work.scalar_type()), op.op(), d.comm, *d.stream),
            d.comm);
-  if (!op.folded()) Scale(work, r.postscale * (r.op == ReduceOp::kAverage ? 1.0 / size_ : 1.0));
+  Scale(work, op.post());
   if (!work.is_same(buf) && work.data_ptr() != buf.data_ptr()) buf.copy_(work);
   return Status::Ok();
 }
@@ -451,9 +455,9 @@ Status NcclBackend::Reducescatter(Device& d, const Response& r, Entry& e, at::Te
   at::Tensor work = Reducible(in);
   FoldedOp fop(r, in.scalar_type(), d.comm, size_);
   HVD_RETURN_IF_ERROR(fop.status());
-  if (!fop.folded() && r.prescale != 1.0) {
+  if (fop.pre() != 1.0) {
     work = work.is_same(in) || work.data_ptr() == in.data_ptr() ? work.clone() : work;
-    Scale(work, r.prescale);
+    Scale(work, fop.pre());
   }
   at::Tensor out_work = Reducible(*out);
   if (out_work.data_ptr() == out->data_ptr() && out->scalar_type() == at::kShort) {
@@ -482,9 +486,7 @@ Status NcclBackend::Reducescatter(Device& d, const Response& r, Entry& e, at::Te
     }
     HVD_NCCL(ncclGroupEnd(), d.comm);
   }
-  if (!fop.folded()) {
-    Scale(out_work, r.postscale * (r.op == ReduceOp::kAverage ? 1.0 / size_ : 1.0));
-  }
+  Scale(out_work, fop.post());
   if (out_work.data_ptr() != out->data_ptr()) out->copy_(out_work);
   return Status::Ok();
 }

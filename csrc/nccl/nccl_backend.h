@@ -7,9 +7,9 @@
 //   event (recorded on the caller's stream at submission): no device-wide sync.
 // - Fusion buffer on the device, allocated once through PyTorch's caching
 //   allocator with the fusion threshold's size; packing is one batched cat kernel,
-//   unpacking one multi-tensor copy. Prescale, postscale and Average's 1/size are
-//   folded into NCCL's reduction for floating types (a pre-multiplied sum);
-//   other types are scaled by one kernel over the fused buffer.
+//   unpacking one multi-tensor copy. For floating types the prescale and a plain
+//   Average are folded into NCCL's reduction (a pre-multiplied sum, ncclAvg); a
+//   postscale, and other types' factors, are one kernel over the fused buffer.
 // - Completion: a done event recorded after the op completes the handle at once;
 //   synchronize() makes the caller's stream wait on it. The background loop never
 //   waits for the GPU; it only asks Busy() (is the oldest unfinished op moving
