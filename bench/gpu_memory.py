@@ -23,7 +23,7 @@ import sys
 import tempfile
 
 from _launch import launch_self
-from train_gpu import _build
+from train_gpu import _batch, _build, _step
 
 CONTENDERS = ["hvd", "hvd-fp16", "ddp", "ddp-bucket-view"]
 MB = 1 << 20
@@ -32,32 +32,20 @@ MB = 1 << 20
 def worker(args) -> None:
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
 
     import horovod_torch as hvd
     hvd.init()
     torch.cuda.set_device(hvd.local_rank())
     dev = torch.device("cuda", hvd.local_rank())
     is_lm = args.model == "transformer"
-    if is_lm:
-        data = torch.randint(0, 32000, (args.batch_size, 512), device=dev)
-        target = torch.randint(0, 32000, (args.batch_size, 512), device=dev)
-    else:
-        data = torch.randn(args.batch_size, 3, 224, 224, device=dev)
-        target = torch.randint(0, 1000, (args.batch_size,), device=dev)
+    data, target = _batch(args.model, args.batch_size, dev)
     torch.manual_seed(0)
     model = _build(args.model, dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
     def train(net, opt):
         for _ in range(args.steps):
-            opt.zero_grad(set_to_none=True)
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=is_lm):
-                out = net(data)
-                out = out.reshape(-1, out.shape[-1]) if is_lm else out
-                loss = F.cross_entropy(out, target.reshape(-1) if is_lm else target)
-            loss.backward()
-            opt.step()
+            _step(net, opt, data, target, is_lm)
         torch.cuda.synchronize()
 
     def used():

@@ -34,10 +34,34 @@ def _build(name, dev):
     return getattr(models, name)(num_classes=1000).to(dev)
 
 
+def _batch(name, batch_size, dev):
+    """Synthetic inputs and targets for one step of model `name`."""
+    import torch
+    if name == "transformer":
+        return (torch.randint(0, 32000, (batch_size, 512), device=dev),
+                torch.randint(0, 32000, (batch_size, 512), device=dev))
+    return (torch.randn(batch_size, 3, 224, 224, device=dev),
+            torch.randint(0, 1000, (batch_size,), device=dev))
+
+
+def _step(net, opt, data, target, is_lm) -> None:
+    """One training step (the transformer under bf16 autocast)."""
+    import torch
+    import torch.nn.functional as F
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=is_lm):
+        out = net(data)
+        if is_lm:
+            loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1))
+        else:
+            loss = F.cross_entropy(out, target)
+    loss.backward()
+    opt.step()
+
+
 def worker(args) -> None:
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
 
     import horovod_torch as hvd
     hvd.init()
@@ -47,12 +71,7 @@ def worker(args) -> None:
                             rank=hvd.rank(), world_size=hvd.size(), device_id=dev)
     torch.backends.cudnn.benchmark = True
     is_lm = args.model == "transformer"
-    if is_lm:
-        data = torch.randint(0, 32000, (args.batch_size, 512), device=dev)
-        target = torch.randint(0, 32000, (args.batch_size, 512), device=dev)
-    else:
-        data = torch.randn(args.batch_size, 3, 224, 224, device=dev)
-        target = torch.randint(0, 1000, (args.batch_size,), device=dev)
+    data, target = _batch(args.model, args.batch_size, dev)
 
     def make(lib):
         torch.manual_seed(0)
@@ -74,15 +93,7 @@ def worker(args) -> None:
         return ddp, opt
 
     def step(net, opt):
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=is_lm):
-            out = net(data)
-            if is_lm:
-                loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1))
-            else:
-                loss = F.cross_entropy(out, target)
-        loss.backward()
-        opt.step()
+        _step(net, opt, data, target, is_lm)
 
     # Every contender lives in the process at once and they take turns block by
     # block, the first of each round rotating, so that drift of the machine (clocks,
