@@ -146,13 +146,14 @@ class FoldedOp {
         post_(r.postscale * (r.op == ReduceOp::kAverage ? 1.0 / size : 1.0)) {
     const bool sum = r.op == ReduceOp::kSum || r.op == ReduceOp::kAverage;
     if (!sum || !at::isFloatingType(t)) return;
-    if (r.op == ReduceOp::kAverage && r.prescale == 1.0 && r.postscale == 1.0) {
-      op_ = ncclAvg;
+    if (r.op == ReduceOp::kAverage && r.prescale == 1.0 && r.postscale == 1.0 &&
+        Exact(t, 1.0 / size)) {
+      op_ = ncclAvg;  // NCCL multiplies by 1/size in the tensor's type
       post_ = 1.0;
     } else if (pre_ == 1.0) {
       op_ = ncclSum;
-    } else if (!Create(t, pre_)) {
-      return;  // an unusual type, or an error (status()): scaled by kernels
+    } else if (!Exact(t, pre_) || !Create(t, pre_)) {
+      return;  // inexact in the type, an unusual type, or an error (status()): kernels
     }
     pre_ = 1.0;
   }
@@ -168,8 +169,24 @@ class FoldedOp {
   const Status& status() const { return status_; }
 
  private:
+  // Whether f is the same in the tensor's type. NCCL multiplies by the factor in
+  // that type, so a 16-bit one that rounds (1/3 in bfloat16 is 1.002 of it) would
+  // scale the whole result by a wrong ratio; the mul_ kernel computes in float.
+  static bool Exact(at::ScalarType t, double f) {
+    const float x = static_cast<float>(f);
+    switch (t) {
+      case at::kHalf: return static_cast<double>(static_cast<float>(c10::Half(x))) == f;
+      case at::kBFloat16: return static_cast<double>(static_cast<float>(c10::BFloat16(x))) == f;
+      default: return true;  // float32 rounds 1/size as the mul_ kernel's factor does
+    }
+  }
   // The scalar is read before the call returns (ncclScalarHostImmediate).
   bool Create(at::ScalarType t, double f) {
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 11, 0)
+    (void)t;
+    (void)f;
+    return false;  // no pre-multiplied sums before NCCL 2.11: scaled by kernels
+#else
     ncclResult_t res;
     switch (t) {
       case at::kHalf: { c10::Half v(static_cast<float>(f)); res = Make(&v, ncclFloat16); break; }
@@ -189,10 +206,13 @@ class FoldedOp {
     }
     created_ = true;
     return true;
+#endif
   }
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 11, 0)
   ncclResult_t Make(void* scalar, ncclDataType_t dt) {
     return ncclRedOpCreatePreMulSum(&op_, scalar, dt, ncclScalarHostImmediate, comm_);
   }
+#endif
 
   ncclComm_t comm_;
   ncclRedOp_t op_;
