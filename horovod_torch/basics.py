@@ -167,8 +167,8 @@ def init(comm=None, process_sets=None) -> None:
         raise ValueError("process_sets must be a list of hvd.ProcessSet (or of rank lists), "
                          "or \"dynamic\"")
     with _lock:
-        if _C.world() is not None:
-            return
+        if _C.running():
+            return  # a stopped engine (an error ended it) is replaced by a fresh one
         from horovod_torch.elastic import worker as elastic_worker
         if use_mpi:
             ranks, handle = _mpi_comm_arg(comm)

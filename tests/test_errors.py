@@ -44,6 +44,10 @@ def test_reinit_many_times():
     run_workers("tests.workers:reinit", 2, args=[40], timeout=120)
 
 
+def test_init_after_the_engine_stopped_brings_up_a_new_one():
+    run_workers("tests.workers:reinit_after_engine_stopped", 2, timeout=60)
+
+
 def test_world_of_one_without_launcher():
     code = ("import horovod.torch as hvd, torch\n"
             "hvd.init(); assert (hvd.rank(), hvd.size(), hvd.local_rank()) == (0, 1, 0)\n"

@@ -13,8 +13,11 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
+#include <vector>
 
 #include "common/status.h"
 #include "core/waiters.h"
@@ -33,11 +36,53 @@ class GpuEvent {
   virtual void BlockCurrentStream(const at::Tensor& result, bool wait) = 0;
 };
 
+// The names of ops whose handles are still held. A name is taken from its op's
+// submission until its handle is gone (synchronized, or dropped with the optimizer's
+// hooks), not merely until the op has run: a second op of the same name is refused
+// on every timing, even when the first one completed before the caller's next line.
+class NameReservations {
+ public:
+  // Takes every name (all or none); false, with the name in *taken, if one is held
+  // or repeated.
+  bool Reserve(const std::vector<std::string>& names, std::string* taken) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < names.size(); ++i) {
+      bool dup = held_.count(names[i]) > 0;
+      for (size_t j = 0; j < i && !dup; ++j) dup = names[j] == names[i];
+      if (dup) {
+        *taken = names[i];
+        return false;
+      }
+    }
+    held_.insert(names.begin(), names.end());
+    return true;
+  }
+  void Release(const std::string& name) {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_.erase(name);
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_set<std::string> held_;  // GUARDED_BY(mu_)
+};
+
 class HandleState {
  public:
   HandleState() = default;
-  // `waiters` counts this handle's callers while they wait for it.
-  explicit HandleState(std::shared_ptr<Waiters> waiters) : waiters_(std::move(waiters)) {}
+  // `waiters` counts this handle's callers while they wait for it; `names` holds
+  // `name` until this handle is destroyed.
+  explicit HandleState(std::shared_ptr<Waiters> waiters,
+                       std::shared_ptr<NameReservations> names = nullptr, std::string name = {})
+      : waiters_(std::move(waiters)), names_(std::move(names)), name_(std::move(name)) {}
+  ~HandleState() { ReleaseName(); }
+  // Frees the op's name for a new op (once; the waiter calls it when the wait
+  // returns, before the background thread may have dropped its reference).
+  void ReleaseName() {
+    if (names_ && !name_released_.exchange(true)) names_->Release(name_);
+  }
+  HandleState(const HandleState&) = delete;
+  HandleState& operator=(const HandleState&) = delete;
   void Complete(Status status, at::Tensor output = {}, at::Tensor splits = {},
                 std::shared_ptr<GpuEvent> event = nullptr) {
     {
@@ -52,6 +97,8 @@ class HandleState {
     }
     cv_.notify_all();
   }
+  // Complete (the host's part; see Poll for GPU ops).
+  bool done() const { return done_flag_.load(std::memory_order_acquire); }
   // Done, and for GPU ops also finished on the device.
   bool Poll() {
     std::shared_ptr<GpuEvent> event;
@@ -62,11 +109,12 @@ class HandleState {
     }
     return event == nullptr || event->Ready();
   }
-  // Blocks until complete. Call without the Python GIL held. With spin_us > 0 it
-  // first polls that long (yielding) before sleeping: a short op then returns
-  // without a condition-variable wake-up (HOROVOD_SPIN_US).
-  void Wait(double spin_us = 0) {
-    if (done_flag_.load(std::memory_order_acquire)) return;
+  // Blocks until complete, or for at most `timeout`; true once complete. Call
+  // without the Python GIL held. With spin_us > 0 it first polls that long
+  // (yielding) before sleeping: a short op then returns without a
+  // condition-variable wake-up (HOROVOD_SPIN_US).
+  bool Wait(double spin_us, std::chrono::milliseconds timeout) {
+    if (done_flag_.load(std::memory_order_acquire)) return true;
     Waiters::Scope waiting(waiters_.get());
     if (spin_us > 0) {
       auto until = std::chrono::steady_clock::now() +
@@ -77,9 +125,9 @@ class HandleState {
       }
     }
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return done_; });
+    return cv_.wait_for(lock, timeout, [this] { return done_; });
   }
-  // Valid after Wait().
+  // Valid once Wait() returned true.
   const Status& status() const { return status_; }
   const at::Tensor& output() const { return output_; }
   const at::Tensor& splits() const { return splits_; }
@@ -95,6 +143,9 @@ class HandleState {
   at::Tensor splits_;
   std::shared_ptr<GpuEvent> event_;
   const std::shared_ptr<Waiters> waiters_;  // may be null
+  const std::shared_ptr<NameReservations> names_;  // may be null
+  const std::string name_;
+  std::atomic<bool> name_released_{false};
 };
 
 class HandleTable {

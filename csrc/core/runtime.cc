@@ -338,20 +338,19 @@ Status Runtime::Submit(std::vector<Submission> subs,
   if (stopped_ || shutdown_requested_) {
     return Status::Aborted("horovod_torch has been shut down; call hvd.init() again");
   }
-  for (size_t i = 0; i < subs.size(); ++i) {
-    const std::string& name = subs[i].request.name;
-    bool dup = pending_.count(name) > 0;
-    for (size_t j = 0; j < i; ++j) dup = dup || subs[j].request.name == name;
-    if (dup) {
-      return Status::InvalidArgument(
-          "a collective named '" + name +
-          "' is already in flight; wait for it or give each concurrent op a unique name");
-    }
+  std::vector<std::string> names;
+  for (const auto& s : subs) names.push_back(s.request.name);
+  std::string taken;
+  if (!names_->Reserve(names, &taken)) {
+    return Status::InvalidArgument(
+        "a collective named '" + taken +
+        "' is already in flight (its handle has not been synchronized); wait for it "
+        "(hvd.synchronize) or give each concurrent op a unique name");
   }
   handles->clear();
   for (const auto& s : subs) joined_ = joined_ || s.request.type == OpType::kJoin;
   for (size_t i = 0; i < subs.size(); ++i) {
-    auto h = std::make_shared<HandleState>(waiters_);
+    auto h = std::make_shared<HandleState>(waiters_, names_, subs[i].request.name);
     handles->push_back(h);
     fresh_[subs[i].process_set_id].push_back(subs[i].request);
     std::string name = subs[i].request.name;

@@ -59,6 +59,12 @@ class Runtime {
 
   // Negotiated shutdown: blocks until the background thread has stopped.
   void Shutdown();
+  // True once the background loop has ended (shut down, or an error stopped it):
+  // no op will run any more.
+  bool stopped() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stopped_;
+  }
 
   // hvd.start_timeline / stop_timeline: applied by the background thread between
   // cycles; returns once applied. Only the coordinator writes a file.
@@ -126,6 +132,8 @@ class Runtime {
   std::atomic<bool> has_fresh_{false};               // hint for the spinning loop
   // Callers blocked waiting for their ops; shared with their handles.
   const std::shared_ptr<Waiters> waiters_ = std::make_shared<Waiters>();
+  // Names of ops whose handles are held; shared with the handles, which release them.
+  const std::shared_ptr<NameReservations> names_ = std::make_shared<NameReservations>();
   std::unordered_map<std::string, Entry> pending_;   // GUARDED_BY(mu_)
   bool shutdown_requested_ = false;                  // GUARDED_BY(mu_)
   bool joined_ = false;  // GUARDED_BY(mu_): hvd.join() pending; zeros stand in for ops

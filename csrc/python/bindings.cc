@@ -42,6 +42,13 @@ Globals& G() {
   return *g;
 }
 
+// init() after the engine died (an error stopped its loop) brings up a fresh one,
+// so one failed step or test never poisons the rest of the process. Called with
+// G().mu held.
+void DropStoppedRuntime() {
+  if (G().runtime && G().runtime->stopped()) G().runtime.reset();
+}
+
 py::tuple Err(const Status& s) { return py::make_tuple(static_cast<int>(s.code()), s.message()); }
 
 py::tuple Init(int rank, int size, int local_rank, int local_size, int cross_rank,
@@ -62,6 +69,7 @@ py::tuple Init(int rank, int size, int local_rank, int local_size, int cross_ran
   {
     py::gil_scoped_release nogil;
     std::lock_guard<std::mutex> lock(G().mu);
+    DropStoppedRuntime();
     if (!G().runtime) {  // else already initialised: Ok
       st = Runtime::Create(w, config, &rt);
       if (st.ok()) G().runtime = std::move(rt);
@@ -99,6 +107,7 @@ py::tuple InitMpi(std::vector<int> ranks, int64_t fortran_handle) {
   {
     py::gil_scoped_release nogil;
     std::lock_guard<std::mutex> lock(G().mu);
+    DropStoppedRuntime();
     if (!G().runtime) {
       MpiWorld m;
       st = MpiSetup(ranks, fortran_handle, &m);
@@ -253,25 +262,43 @@ py::tuple Result(const HandleState& h) {
   return py::make_tuple(static_cast<int>(st.code()), st.message(), out, splits);
 }
 
+// Waits for `h` with the GIL released (called with it held). Every 100 ms it looks
+// at Python's signals, so that Ctrl-C, or a test runner's timeout, interrupts a
+// collective that never completes as it interrupts any other call: it then throws
+// py::error_already_set (the op goes on; its name is freed once it completes).
+void WaitInterruptibly(HandleState& h, double spin_us) {
+  constexpr std::chrono::milliseconds kSignalCheck(100);
+  bool done = h.done();
+  if (!done) {
+    py::gil_scoped_release nogil;
+    done = h.Wait(spin_us, kSignalCheck);
+  }
+  while (!done) {
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    py::gil_scoped_release nogil;
+    done = h.Wait(0, kSignalCheck);
+  }
+  h.ReleaseName();
+}
+
 // Waits, releases the handle and returns (code, message, output or None, received
 // splits or None), or None for an unknown handle.
 py::object Wait(int handle) {
   auto h = G().handles.Find(handle);
   if (!h) return py::none();
   G().handles.Release(handle);
-  {
+  WaitInterruptibly(*h, G().wait_spin_us.load());
+  // GPU ops: the caller's stream waits for the result; the host does not.
+  if (h->event() != nullptr && h->status().ok()) {
     py::gil_scoped_release nogil;
-    h->Wait(G().wait_spin_us.load());
-    // GPU ops: the caller's stream waits for the result; the host does not.
-    if (h->event() != nullptr && h->status().ok()) {
-      h->event()->BlockCurrentStream(h->output(), true);
-    }
+    h->event()->BlockCurrentStream(h->output(), true);
   }
   return Result(*h);
 }
 
-// Wait() for many handles (the optimizer's synchronize): the GIL is released once,
-// and the caller's stream waits once per done event (a fused batch shares one).
+// Wait() for many handles (the optimizer's synchronize): the GIL is released only
+// for handles not yet done, and the caller's stream waits once per done event (a
+// fused batch shares one).
 // None for an unknown handle.
 py::list WaitMany(const std::vector<int>& handles) {
   std::vector<std::shared_ptr<HandleState>> hs(handles.size());
@@ -279,14 +306,15 @@ py::list WaitMany(const std::vector<int>& handles) {
     hs[i] = G().handles.Find(handles[i]);
     if (hs[i]) G().handles.Release(handles[i]);
   }
+  const double spin = G().wait_spin_us.load();
+  for (auto& h : hs) {
+    if (h) WaitInterruptibly(*h, spin);
+  }
   {
     py::gil_scoped_release nogil;
-    const double spin = G().wait_spin_us.load();
     std::unordered_set<const GpuEvent*> waited;
     for (auto& h : hs) {
-      if (!h) continue;
-      h->Wait(spin);
-      if (h->event() != nullptr && h->status().ok()) {
+      if (h && h->event() != nullptr && h->status().ok()) {
         h->event()->BlockCurrentStream(h->output(), waited.insert(h->event().get()).second);
       }
     }
@@ -519,6 +547,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("init", &Init);
   m.def("shutdown", &Shutdown);
   m.def("world", &World);
+  m.def("running", [] {  // initialised and its engine has not stopped
+    std::lock_guard<std::mutex> lock(G().mu);
+    return G().runtime != nullptr && !G().runtime->stopped();
+  });
   m.def("submit", &Submit);
   m.def("submit_one", &SubmitOne);
   m.def("poll", &Poll);
