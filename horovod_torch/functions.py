@@ -80,11 +80,21 @@ def broadcast_parameters(params, root_rank: int = 0, process_set=global_process_
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0,
+                              model: Optional[torch.nn.Module] = None,
                               process_set=global_process_set) -> None:
     """Makes every rank's optimizer state (hyper-parameters and per-parameter state,
-    initialised or not) equal to root_rank's."""
+    initialised or not) equal to root_rank's. `model` is accepted for Horovod's
+    signature (it named sparse parameters there); the state is sent whole here.
+
+    As in Horovod, an optimizer without state leaves every parameter that needs a
+    gradient with a zero one where it had none."""
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    if not optimizer.state:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
     is_root = rank() == root_rank
     state = optimizer.state_dict() if is_root else None
     state = broadcast_object(state, root_rank, name="optimizer_state", process_set=process_set)

@@ -355,13 +355,37 @@ def _grouped_handles(kind, kind_name, tensors, outputs, name, op, pre, post, psi
                    op, prescale=pre, postscale=post, grouped=True, psid=psid)
 
 
+class HorovodGroupedAllreduce(torch.autograd.Function):
+    """Grouped allreduce whose gradients are the grouped allreduce (same op and
+    factors) of the output gradients."""
+
+    @staticmethod
+    def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set,
+                *tensors):
+        ctx.args = (op, prescale_factor, postscale_factor, process_set)
+        return tuple(synchronize(grouped_allreduce_async(
+            list(tensors), average, name, op, prescale_factor, postscale_factor, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        op, pre, post, ps = ctx.args
+        grads = synchronize(grouped_allreduce_async(
+            [g.contiguous() for g in grad_outputs], op=op, prescale_factor=pre,
+            postscale_factor=post, process_set=ps))
+        return (None, None, None, None, None, None, *grads)
+
+
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0,
                       process_set=global_process_set) -> List[torch.Tensor]:
+    _ps_id(process_set)
+    op = _resolve_op(op, average)
+    if not tensors:
+        return []
     compressed = [compression.compress(t) for t in tensors]
-    handles = grouped_allreduce_async([c[0] for c in compressed], average, name, op,
-                                      prescale_factor, postscale_factor, process_set)
-    return [compression.decompress(synchronize(h), c[1]) for h, c in zip(handles, compressed)]
+    outs = HorovodGroupedAllreduce.apply(None, name, op, prescale_factor, postscale_factor,
+                                         process_set, *[c[0] for c in compressed])
+    return [compression.decompress(o, c[1]) for o, c in zip(outs, compressed)]
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -381,7 +405,8 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> int:
 
 
 class HorovodAllgather(torch.autograd.Function):
-    """Allgather whose gradient is this rank's slice of the summed output gradient."""
+    """Allgather whose gradient is this rank's slice of the output gradient averaged
+    over the ranks (Horovod's convention)."""
 
     @staticmethod
     def forward(ctx, tensor, name, process_set):
@@ -391,11 +416,21 @@ class HorovodAllgather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = synchronize(allreduce_async(grad_output, op=Sum, process_set=ctx.ps))
-        dims = synchronize(allgather_async(torch.tensor([ctx.dim], dtype=torch.int64),
+        grad = synchronize(allreduce_async(grad_output.contiguous(), op=Average,
                                            process_set=ctx.ps))
-        offset = int(dims[:_set_rank(_ps_id(ctx.ps))].sum())
-        return grad.narrow(0, offset, ctx.dim), None, None
+        return _own_rows([grad], [ctx.dim], ctx.ps)[0], None, None
+
+
+def _own_rows(grads, dims, process_set):
+    """This rank's rows of each gathered gradient: rank r's input had dims[i] rows of
+    the i-th tensor, and every rank's first dimensions are gathered to find where
+    they start."""
+    psid = _ps_id(process_set)
+    gathered = synchronize(grouped_allgather_async(
+        [torch.tensor([d], dtype=torch.int64) for d in dims], process_set=process_set))
+    r = _set_rank(psid)
+    return [g.narrow(0, int(all_dims[:r].sum()), d)
+            for g, all_dims, d in zip(grads, gathered, dims)]
 
 
 def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor:
@@ -414,8 +449,27 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set) 
                                grouped=True, psid=psid))
 
 
+class HorovodGroupedAllgather(torch.autograd.Function):
+    """Grouped allgather; each gradient as HorovodAllgather's."""
+
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.dims = [t.shape[0] if t.dim() > 0 else 0 for t in tensors]
+        ctx.ps = process_set
+        return tuple(synchronize(grouped_allgather_async(list(tensors), name, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        grads = synchronize(grouped_allreduce_async(
+            [g.contiguous() for g in grad_outputs], op=Average, process_set=ctx.ps))
+        return (None, None, *_own_rows(grads, ctx.dims, ctx.ps))
+
+
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
-    return [synchronize(h) for h in grouped_allgather_async(tensors, name, process_set)]
+    _ps_id(process_set)
+    if not tensors:
+        return []
+    return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
 
 
 # ---------------------------------------------------------------- broadcast
@@ -453,7 +507,8 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set) -> 
 
 
 class HorovodBroadcast(torch.autograd.Function):
-    """Broadcast whose gradient (summed over ranks) flows to the root only."""
+    """Broadcast whose gradient (the output gradient averaged over the ranks, as in
+    Horovod) flows to the root only."""
 
     @staticmethod
     def forward(ctx, tensor, root_rank, name, process_set):
@@ -462,7 +517,8 @@ class HorovodBroadcast(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = synchronize(allreduce_async(grad_output, op=Sum, process_set=ctx.ps))
+        grad = synchronize(allreduce_async(grad_output.contiguous(), op=Average,
+                                           process_set=ctx.ps))
         if rank() != ctx.root_rank:
             grad = grad * 0
         return grad, None, None, None
@@ -533,64 +589,99 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 
 # ---------------------------------------------------------------- reducescatter
 
-def reducescatter_async(tensor, name=None, op=Average, prescale_factor=1.0,
-                        postscale_factor=1.0, process_set=global_process_set) -> int:
+_REDUCESCATTER_OPS = (Average, Sum, Min, Max, Product)
+
+
+def _check_reducescatter_op(op) -> None:
+    if op not in _REDUCESCATTER_OPS:
+        # RuntimeError, as Horovod raises for an op the reduction does not support.
+        raise RuntimeError("reducescatter supports op=hvd.Average, Sum, Min, Max or Product "
+                           f"(got {_OPS.get(op, op)}; Adasum is not defined for reducescatter)")
+
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0) -> int:
     """Starts a reduce-scatter: rank r gets rows [r*k, ...) of the reduction, where the
     first (dim0 % size) ranks get one extra row."""
     psid = _ps_id(process_set)
-    if op not in (Average, Sum, Min, Max, Product):
-        raise ValueError("reducescatter supports op=Average, Sum, Min, Max or Product "
-                         "(Adasum is not defined for reducescatter)")
+    _check_reducescatter_op(op)
     return _submit(_C.OP_REDUCESCATTER, [_contig(tensor)], [None],
                    [_auto_name("reducescatter", name, psid)], op, prescale=prescale_factor,
                    postscale=postscale_factor, psid=psid)[0]
+
+
+def _reducescatter_grads(grads, op, process_set, prescale_factor, postscale_factor):
+    """The gradients of a reduce-scatter's inputs, Horovod's convention: the output
+    gradients gathered, times the set's size for Sum (Average: as they are), times
+    both scale factors."""
+    scale = prescale_factor * postscale_factor
+    if op == Sum:
+        scale *= _set_size(_ps_id(process_set))
+    grads = [g.contiguous() if scale == 1.0 else g * scale for g in grads]
+    return synchronize(grouped_allgather_async(grads, process_set=process_set))
 
 
 class HorovodReducescatter(torch.autograd.Function):
     """Reduce-scatter whose gradient is the allgather of the output gradient."""
 
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
-        ctx.op, ctx.ps = op, process_set
-        ctx.scale = prescale_factor * postscale_factor
-        return synchronize(reducescatter_async(tensor, name, op, prescale_factor,
-                                               postscale_factor, process_set))
+    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
+        ctx.args = (op, process_set, prescale_factor, postscale_factor)
+        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
+                                               postscale_factor))
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = synchronize(allgather_async(grad_output.contiguous(), process_set=ctx.ps))
-        if ctx.op == Average:
-            grad = grad / _set_size(_ps_id(ctx.ps))
-        if ctx.scale != 1.0:
-            grad = grad * ctx.scale
-        return grad, None, None, None, None, None
+        return (_reducescatter_grads([grad_output], *ctx.args)[0],
+                None, None, None, None, None)
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
-                  prescale_factor=1.0, postscale_factor=1.0,
-                  process_set=global_process_set) -> torch.Tensor:
+                  process_set=global_process_set, prescale_factor=1.0,
+                  postscale_factor=1.0) -> torch.Tensor:
     _ps_id(process_set)
+    _check_reducescatter_op(op)
     compressed, cctx = compression.compress(tensor)
-    out = HorovodReducescatter.apply(compressed, name, op, prescale_factor, postscale_factor,
-                                     process_set)
+    out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor,
+                                     postscale_factor)
     return compression.decompress(out, cctx)
 
 
-def grouped_reducescatter_async(tensors, name=None, op=Average, prescale_factor=1.0,
-                                postscale_factor=1.0, process_set=global_process_set):
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0):
     psid = _ps_id(process_set)
+    _check_reducescatter_op(op)
     tensors = [_contig(t) for t in tensors]
     return _grouped(_C.OP_REDUCESCATTER, "grouped_reducescatter", tensors,
                     [None] * len(tensors), name, op, prescale_factor, postscale_factor, psid)
 
 
+class HorovodGroupedReducescatter(torch.autograd.Function):
+    """Grouped reduce-scatter; each gradient as HorovodReducescatter's."""
+
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
+        ctx.args = (op, process_set, prescale_factor, postscale_factor)
+        return tuple(synchronize(grouped_reducescatter_async(
+            list(tensors), name, op, process_set, prescale_factor, postscale_factor)))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        return (None, None, None, None, None,
+                *_reducescatter_grads(list(grad_outputs), *ctx.args))
+
+
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
-                          prescale_factor=1.0, postscale_factor=1.0,
-                          process_set=global_process_set):
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    _ps_id(process_set)
+    _check_reducescatter_op(op)
+    if not tensors:
+        return []
     compressed = [compression.compress(t) for t in tensors]
-    handles = grouped_reducescatter_async([c[0] for c in compressed], name, op,
-                                          prescale_factor, postscale_factor, process_set)
-    return [compression.decompress(synchronize(h), c[1]) for h, c in zip(handles, compressed)]
+    outs = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor,
+                                             postscale_factor, *[c[0] for c in compressed])
+    return [compression.decompress(o, c[1]) for o, c in zip(outs, compressed)]
 
 
 # ---------------------------------------------------------------- barrier

@@ -10,8 +10,18 @@ import torch
 from horovod_torch import _C
 from horovod_torch.basics import Adasum, Average, Sum
 from horovod_torch.compression import Compression, NoneCompressor, _CastCompressor
-from horovod_torch.ops import (_ps_id, _wait_many, allreduce_async_, global_process_set,
+from horovod_torch.ops import (ProcessSet, _ps_id, _wait_many, allreduce_async_, global_process_set,
                                grouped_allreduce_async_, synchronize)
+
+
+def _ps_included(process_set) -> bool:
+    """Whether this rank belongs to `process_set` (a clear error if it is not
+    registered)."""
+    if process_set is None or process_set is global_process_set:
+        return True
+    if not isinstance(process_set, ProcessSet) or process_set.process_set_id is None:
+        _ps_id(process_set)  # raises, saying what is wrong
+    return bool(process_set.included())
 
 
 _SPARSE = object()  # handle context of a sparse gradient (sparse_allreduce_async)
@@ -31,23 +41,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = backward_passes_per_step
 
         all_params = [p for g in self.param_groups for p in g["params"]]
-        if named_parameters is not None:
-            named = list(named_parameters)
-            names = [n for n, _ in named]
-            dups = sorted({n for n in names if names.count(n) > 1})
-            if dups:
-                raise ValueError(f"named_parameters has duplicate names: {dups}; each "
-                                 "parameter needs a unique name")
-            by_param = {id(p): n for n, p in named}
-            unnamed = [i for i, p in enumerate(all_params)
-                       if p.requires_grad and id(p) not in by_param]
-            if unnamed:
-                raise ValueError("named_parameters was given, but it does not name every "
-                                 f"parameter of the optimizer ({len(unnamed)} unnamed); pass "
-                                 "model.named_parameters() of the model the optimizer trains")
-        else:
-            by_param = {id(p): f"noname.{i}" for i, p in enumerate(all_params)}
-        self._parameter_names = {p: by_param[id(p)] for p in all_params if id(p) in by_param}
+        self._parameter_names = _parameter_names(all_params, named_parameters)
         self._wire_names = {p: "allreduce." + n for p, n in self._parameter_names.items()}
         self._requires_update = [p for p in all_params if p.requires_grad]
 
@@ -71,7 +65,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._hook_handles = []
-        self._register_hooks()
+        # As in Horovod, ranks outside the process set train on their own gradients.
+        self._included = _ps_included(process_set)
+        if self._included:
+            self._register_hooks()
 
     # -- hooks ---------------------------------------------------------------
 
@@ -84,6 +81,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._backward_passes_per_step = n
         if self._native is not None:
             self._native.set_passes_per_step(int(n))
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Horovod's spelling of ``optimizer.backward_passes_per_step = passes``."""
+        self.backward_passes_per_step = passes
 
     def _wire_dtype(self) -> Optional[str]:
         """"" or the cast dtype when the compressor is one the C++ hooks apply
@@ -142,8 +143,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             p.grad = torch.zeros_like(p)
         grad = p.grad
         if grad.is_sparse:  # sparse_as_dense=True (else _start allgathers it)
-            grad = grad.to_dense()
-            p.grad = grad
+            grad = grad.to_dense()  # reduced dense; synchronize() makes it sparse again
         compressed, ctx = self._compression.compress(grad)
         if compressed is grad and not grad.is_contiguous():
             compressed = grad.contiguous()
@@ -192,6 +192,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         Parameters that got no gradient this step take part with zeros, so every
         rank submits the same set of tensors.
         """
+        if not self._included:
+            self._synchronized = True
+            return
         try:
             if self._native is not None:
                 params = self._requires_update
@@ -222,7 +225,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     src.append(out.view_as(p.grad))
                     continue
                 result = self._compression.decompress(out, ctx)
-                if result.data_ptr() != p.grad.data_ptr():
+                if p.grad.is_sparse:  # sparse_as_dense: the optimizer expects it sparse
+                    p.grad = result.view(p.grad.shape).to_sparse()
+                elif result.data_ptr() != p.grad.data_ptr():
                     p.grad.copy_(result.view_as(p.grad))
             if dst:
                 torch._foreach_copy_(dst, src)
@@ -261,6 +266,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         return super(self.__class__, self).step(closure)
 
+    def load_state_dict(self, state_dict) -> None:
+        """Loads the wrapped optimizer's state; gradients in flight are forgotten."""
+        self._reset_pending()
+        return super(self.__class__, self).load_state_dict(state_dict)
+
     def zero_grad(self, set_to_none: bool = True):
         if (any(h[0] is not None for h in self._handles.values())
                 or (self._native is not None and self._native.in_flight())):
@@ -268,6 +278,71 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  "before optimizer.step() or optimizer.synchronize(). This is "
                                  "prohibited as it can cause a race condition.")
         return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+
+
+class _DistributedAdasumOptimizer(torch.optim.Optimizer):
+    """Horovod's Adasum optimizer (op=hvd.Adasum), mixed into a subclass of the user's
+    optimizer class: each rank steps its own optimizer on its own gradients, and the
+    change of every parameter (the delta model) is combined across ranks with Adasum;
+    every rank then holds start + adasum(deltas)."""
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step):
+        super(self.__class__, self).__init__(params)
+        self._compression = compression
+        self.backward_passes_per_step = backward_passes_per_step
+        all_params = [p for g in self.param_groups for p in g["params"]]
+        names = _parameter_names(all_params, named_parameters)
+        self._delta_names = {p: "adasum.delta." + names[p] for p in names}
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        self.backward_passes_per_step = passes
+
+    def synchronize(self) -> None:
+        """Nothing to wait for: step() combines the updates."""
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        raise AssertionError("Skipping synchronization is not supported when using Adasum "
+                             "optimizer.")
+
+    def step(self, closure=None):
+        params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
+        start = [p.detach().clone() for p in params]
+        loss = super(self.__class__, self).step(closure)
+        deltas, ctxs = [], []
+        for p, s in zip(params, start):
+            compressed, ctx = self._compression.compress(p.detach() - s)
+            deltas.append(compressed.contiguous())
+            ctxs.append(ctx)
+        handles = [allreduce_async_(d, name=self._delta_names[p], op=Adasum)
+                   for p, d in zip(params, deltas)]
+        with torch.no_grad():
+            for p, s, h, ctx in zip(params, start, handles, ctxs):
+                p.copy_(s + self._compression.decompress(synchronize(h), ctx).view_as(p))
+        return loss
+
+
+def _parameter_names(all_params, named_parameters) -> Dict[torch.Tensor, str]:
+    """{parameter: name} from named_parameters (checked: unique names, every parameter
+    that needs a gradient named), or generated names."""
+    if named_parameters is None:
+        return {p: f"noname.{i}" for i, p in enumerate(all_params)}
+    named = list(named_parameters)
+    if any(not (isinstance(x, tuple) and len(x) == 2) for x in named):
+        raise ValueError("named_parameters should be a sequence of (name, parameter) "
+                         "tuples, usually model.named_parameters()")
+    names = [n for n, _ in named]
+    dups = sorted({n for n in names if names.count(n) > 1})
+    if dups:
+        raise ValueError(f"named_parameters has duplicate names: {dups}; each "
+                         "parameter needs a unique name")
+    by_param = {id(p): n for n, p in named}
+    unnamed = [i for i, p in enumerate(all_params) if p.requires_grad and id(p) not in by_param]
+    if unnamed:
+        raise ValueError("named_parameters was given, but it does not name every "
+                         f"parameter of the optimizer ({len(unnamed)} unnamed); pass "
+                         "model.named_parameters() of the model the optimizer trains")
+    return {p: by_param[id(p)] for p in all_params if id(p) in by_param}
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,
@@ -291,6 +366,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         raise ValueError("give num_groups or groups, not both")
     if groups is not None and not (isinstance(groups, int) or isinstance(groups, list)):
         raise ValueError("groups must be an int or a list of lists of parameters")
+    if op == Adasum:
+        cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+                   dict(_DistributedAdasumOptimizer.__dict__))
+        dist = cls(optimizer.param_groups, named_parameters, compression,
+                   backward_passes_per_step)
+        dist.state = optimizer.state
+        return dist
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     dist = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,

@@ -267,7 +267,28 @@ def adasum_checks():
     assert torch.allclose(same, torch.arange(4.0)), same  # parallel vectors: the average
     everyone = hvd.allgather(got.unsqueeze(0), name="ada.check")
     assert all(torch.equal(everyone[0], everyone[q]) for q in range(n))
-    expect_raises(ValueError, lambda: hvd.reducescatter(torch.ones(4), op=hvd.Adasum), "Adasum")
+    expect_raises(RuntimeError, lambda: hvd.reducescatter(torch.ones(4), op=hvd.Adasum),
+                  "Adasum")
+    # DistributedOptimizer(op=Adasum) is Horovod's delta-model optimizer: each rank
+    # steps its own optimizer (Adam here, where it differs from Adasum of gradients),
+    # then the parameters' changes are combined with Adasum.
+    import copy
+    model = _model()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    local = copy.deepcopy(model)
+    opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), op=hvd.Adasum)
+    local_opt = torch.optim.Adam(local.parameters(), lr=0.1)
+    x, y = _data(0)
+    for m, o in ((model, opt), (local, local_opt)):
+        o.zero_grad()
+        ((m(x[r::n]) - y[r::n]) ** 2).mean().backward()
+        o.step()
+    start = _model()  # the same seed: the parameters before the step
+    for p, q, s0 in zip(model.parameters(), local.parameters(), start.parameters()):
+        deltas = hvd.allgather((q.detach() - s0.detach()).reshape(1, -1), name="ada.deltas")
+        want = s0.detach() + reduce_gathered(deltas).float().view_as(p)
+        assert torch.allclose(p.detach(), want, atol=1e-6), (p, want)
     model = _model()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                    named_parameters=model.named_parameters(), op=hvd.Adasum)

@@ -228,6 +228,17 @@ def local_errors() -> None:
         expect_raises(ValueError, lambda: hvd.allreduce_async(torch.ones(2), name="dup"),
                       "dup", "already in flight")
     hvd.synchronize(h)
+    # A name stays taken until its handle is synchronized, also once the op has run
+    # (Horovod's upstream tests submit the second op right after the first completed).
+    for kind, submit in (("allreduce", hvd.allreduce_async), ("allgather", hvd.allgather_async),
+                         ("reducescatter", lambda t, name: hvd.reducescatter_async(t, name))):
+        h = submit(torch.ones(2 * n), name=f"done.{kind}")
+        while not hvd.poll(h):
+            time.sleep(0.01)
+        expect_raises(ValueError, lambda: submit(torch.ones(2 * n), name=f"done.{kind}"),
+                      f"done.{kind}", "already in flight")
+        hvd.synchronize(h)
+        hvd.synchronize(submit(torch.ones(2 * n), name=f"done.{kind}"))  # free again
     # average= maps to op with a DeprecationWarning
     import warnings
     with warnings.catch_warnings(record=True) as w:
@@ -271,6 +282,24 @@ def reinit(times: str = "20") -> None:
     print("reinit ok", flush=True)
 
 
+def reinit_after_engine_stopped() -> None:
+    """Rank 1 shuts down while rank 0 still runs: rank 0's engine stops with it. Then
+    init() on both brings up a working engine again (a stopped engine is replaced)."""
+    hvd.init()
+    r = hvd.rank()
+    hvd.allreduce(torch.ones(2), name="before")
+    if r == 1:
+        hvd.shutdown()
+    else:
+        expect_raises(hvd.HorovodInternalError,
+                      lambda: hvd.allreduce(torch.ones(2), name="while_peer_shuts_down"))
+    hvd.init()
+    out = hvd.allreduce(torch.ones(2), name="after", op=hvd.Sum)
+    assert out.tolist() == [2.0, 2.0], out
+    hvd.shutdown()
+    print("reinit after stop ok", flush=True)
+
+
 def out_of_order_and_many(device: str = "cpu") -> None:
     """Ranks submit the same names in different orders; hundreds of small tensors in
     flight at once; unnamed ops are matched by submission order."""
@@ -311,7 +340,10 @@ def out_of_order_and_many(device: str = "cpu") -> None:
 
 
 def autograd() -> None:
-    """Gradients flow through allreduce, allgather, broadcast, alltoall, reducescatter."""
+    """Gradients flow through allreduce, allgather, broadcast, alltoall, reducescatter
+    and their grouped forms, with Horovod's conventions: allgather's and broadcast's
+    gradients are averaged over the ranks; reducescatter's is the gathered output
+    gradient, times the set's size for Sum."""
     hvd.init()
     r, n = hvd.rank(), hvd.size()
     x = torch.full((4,), float(r + 1), requires_grad=True)
@@ -319,19 +351,35 @@ def autograd() -> None:
     assert x.grad.tolist() == [float(n)] * 4, x.grad
     x = torch.ones(r + 1, 2, requires_grad=True)
     y = hvd.allgather(x, name="g.ag")
-    (y * 2).sum().backward()
-    assert x.grad.tolist() == [[2.0 * n] * 2] * (r + 1), x.grad
+    (y * (r + 1)).sum().backward()  # averaged over ranks: (1 + ... + n) / n
+    assert x.grad.tolist() == [[(n + 1) / 2] * 2] * (r + 1), x.grad
     x = torch.ones(3, requires_grad=True)
-    hvd.broadcast(x, 0, name="g.bc").sum().backward()
-    assert x.grad.tolist() == ([float(n)] * 3 if r == 0 else [0.0] * 3), x.grad
+    (hvd.broadcast(x, 0, name="g.bc") * (r + 1)).sum().backward()
+    assert x.grad.tolist() == ([(n + 1) / 2] * 3 if r == 0 else [0.0] * 3), x.grad
     x = torch.ones(2 * n, requires_grad=True)
     out = hvd.alltoall(x, name="g.a2a")
     (out * (r + 1)).sum().backward()
     assert x.grad.tolist() == [float(q + 1) for q in range(n) for _ in range(2)], x.grad
-    x = torch.ones(2 * n, 3, requires_grad=True)
-    out = hvd.reducescatter(x, op=hvd.Sum, name="g.rs")
-    out.sum().backward()
-    assert x.grad.tolist() == [[1.0] * 3] * (2 * n), x.grad
+    for op, per_row in ((hvd.Sum, float(n)), (hvd.Average, 1.0)):
+        x = torch.ones(2 * n, 3, requires_grad=True)
+        out = hvd.reducescatter(x, op=op, name=f"g.rs.{op}")
+        out.sum().backward()
+        assert x.grad.tolist() == [[per_row] * 3] * (2 * n), (op, x.grad)
+    # grouped: the same gradients as one op per tensor
+    xs = [torch.full((3,), float(r + 1), requires_grad=True) for _ in range(2)]
+    outs = hvd.grouped_allreduce(xs, op=hvd.Sum, name="g.gar")
+    sum(o.sum() * (i + 1) for i, o in enumerate(outs)).backward()
+    assert [x.grad.tolist() for x in xs] == [[float(n)] * 3, [2.0 * n] * 3], xs
+    xs = [torch.ones(r + 1, 2, requires_grad=True), torch.ones(1, requires_grad=True)]
+    outs = hvd.grouped_allgather(xs, name="g.gag")
+    sum(o.sum() * (r + 1) for o in outs).backward()
+    assert xs[0].grad.tolist() == [[(n + 1) / 2] * 2] * (r + 1), xs[0].grad
+    assert xs[1].grad.tolist() == [(n + 1) / 2], xs[1].grad
+    xs = [torch.ones(2 * n, requires_grad=True), torch.ones(n, 2, requires_grad=True)]
+    outs = hvd.grouped_reducescatter(xs, op=hvd.Sum, name="g.grs")
+    sum(o.sum() for o in outs).backward()
+    assert xs[0].grad.tolist() == [float(n)] * (2 * n), xs[0].grad
+    assert xs[1].grad.tolist() == [[float(n)] * 2] * n, xs[1].grad
     hvd.shutdown()
     print("autograd ok", flush=True)
 
