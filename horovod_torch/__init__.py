@@ -19,6 +19,7 @@ from horovod_torch.functions import (allgather_object, broadcast_object,
 from horovod_torch.optimizer import DistributedOptimizer
 from horovod_torch.sparse import sparse_allreduce_async
 from horovod_torch.sync_batch_norm import SyncBatchNorm
+from horovod_torch.util import check_extension
 from horovod_torch.ops import (ProcessSet, allgather, allgather_async, allreduce,
                                allreduce_, allreduce_async, allreduce_async_, alltoall,
                                alltoall_async, barrier, broadcast, broadcast_,

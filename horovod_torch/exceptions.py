@@ -18,3 +18,20 @@ class HostsUpdatedInterrupt(RuntimeError):
     def __init__(self, skip_sync: bool = False):
         super().__init__("the set of hosts changed")
         self.skip_sync = skip_sync
+
+
+def get_version_mismatch_message(name: str, version: str, installed_version: str) -> str:
+    return (f"Framework {name} installed with version {installed_version} but found version "
+            f"{version}. This can result in unexpected behavior including runtime errors. "
+            "Rebuild horovod_torch against the installed version (`make`).")
+
+
+class HorovodVersionMismatchError(ImportError):
+    """The framework found at run time is not the version horovod_torch was built
+    against (so its extension may not load)."""
+
+    def __init__(self, name: str, version: str, installed_version: str):
+        super().__init__(get_version_mismatch_message(name, version, installed_version))
+        self.name = name
+        self.version = version
+        self.installed_version = installed_version

@@ -335,7 +335,8 @@ def test_sampler_record_batch_and_state_dict_round_trip():
     s.record_batch(2, 4)
     assert s.processed_indices == set(order[0:4] + order[8:12])
     sd = s.state_dict()
-    assert sd == {"epoch": 4, "processed_indices": sorted(order[0:4] + order[8:12])}
+    assert sd == {"epoch": 4, "processed_num": 8,  # processed_num: Horovod's key
+                  "processed_indices": sorted(order[0:4] + order[8:12])}
     assert json.loads(json.dumps(sd)) == sd  # plain data
     s.reset()
     remaining = [i for i in order if i not in sd["processed_indices"]]

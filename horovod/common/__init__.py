@@ -1,1 +1,2 @@
-"""``horovod.common`` for scripts written against Horovod: the exceptions they import."""
+"""``horovod.common`` for scripts written against Horovod: ``basics``, ``elastic``,
+``exceptions``, ``process_sets`` and ``util``, each backed by horovod_torch."""

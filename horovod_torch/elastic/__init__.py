@@ -3,10 +3,13 @@ failures and host changes, with state kept in ``hvd.elastic.TorchState``."""
 import functools
 import os
 import sys
+from typing import Callable
 
 from horovod_torch import basics
+from horovod_torch.basics import init, shutdown  # noqa: F401  (Horovod's module has them)
 from horovod_torch.elastic.sampler import ElasticSampler
 from horovod_torch.elastic.state import ObjectState, State, TorchState
+from horovod_torch.elastic.worker import notification_manager
 from horovod_torch.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 __all__ = ["run", "State", "ObjectState", "TorchState", "ElasticSampler"]
@@ -17,13 +20,16 @@ def _reset() -> None:
     basics.init()
 
 
-def run(func):
-    """Decorator: ``func(state, ...)`` runs until it returns.
+def run_fn(func: Callable, reset: Callable[[], None]) -> Callable:
+    """Wraps ``func(state, ...)`` so it runs until it returns, calling `reset()` to
+    re-form the job after a failure or a host change (``run`` is
+    ``run_fn(func, shutdown-then-init)``).
 
     On HorovodInternalError (a peer died) the last committed state is restored; on
     HostsUpdatedInterrupt it is kept. Either way the job re-forms against the new set
-    of workers and rank 0's state is broadcast (skipped when hosts were only removed).
-    HOROVOD_ELASTIC_RESET_LIMIT bounds the number of resets.
+    of workers, the state's reset callbacks run, and rank 0's state is broadcast
+    (skipped when hosts were only removed). HOROVOD_ELASTIC_RESET_LIMIT bounds the
+    number of resets.
     """
     @functools.wraps(func)
     def wrapper(state: State, *args, **kwargs):
@@ -31,27 +37,40 @@ def run(func):
         resets = 0
         reset_required = False
         skip_sync = False
-        while True:
-            try:
-                if reset_required:
-                    _reset()
-                    state.on_reset()
-                if not skip_sync:
-                    state.sync()
-                return func(state, *args, **kwargs)
-            except HorovodInternalError as e:
-                print(f"horovod_torch: rank {_safe_rank()} lost a peer ({e}); restoring the "
-                      "last commit and re-forming the job", file=sys.stderr, flush=True)
-                state.restore()
-                skip_sync = False
-            except HostsUpdatedInterrupt as e:
-                skip_sync = e.skip_sync
-            reset_required = True
-            resets += 1
-            if limit and resets > limit:
-                raise RuntimeError(f"the job was reset {resets} times, more than the reset "
-                                   f"limit {limit} (--reset-limit); giving up")
+        notification_manager.init()
+        notification_manager.register_listener(state)
+        try:
+            while True:
+                try:
+                    if reset_required:
+                        reset()
+                        state.on_reset()
+                    if not skip_sync:
+                        state.sync()
+                    return func(state, *args, **kwargs)
+                except HorovodInternalError as e:
+                    print(f"horovod_torch: rank {_safe_rank()} lost a peer ({e}); restoring "
+                          "the last commit and re-forming the job", file=sys.stderr,
+                          flush=True)
+                    state.restore()
+                    skip_sync = False
+                except HostsUpdatedInterrupt as e:
+                    skip_sync = e.skip_sync
+                reset_required = True
+                resets += 1
+                if limit and resets > limit:
+                    raise RuntimeError(f"the job was reset {resets} times, more than the "
+                                       f"reset limit {limit} (--reset-limit); giving up")
+        finally:
+            notification_manager.remove_listener(state)
     return wrapper
+
+
+def run(func):
+    """Decorator: ``func(state, ...)`` runs until it returns, across failures and host
+    changes (see run_fn). The first argument must be the ``State`` (e.g. a TorchState).
+    Do not call collectives outside it that a joining worker would not call."""
+    return run_fn(func, _reset)
 
 
 def _safe_rank():

@@ -1,22 +1,74 @@
 """Elastic state: what is saved at commit(), restored after a failure and
-broadcast from rank 0 when the set of workers changes."""
+broadcast from rank 0 when the set of workers changes.
+
+Horovod's classes and names: ``State`` (with its host-update bookkeeping:
+``on_hosts_updated``, ``check_host_updates``, ``_host_messages``,
+``_last_updated_timestamp``), ``ObjectState``, ``TorchState``, the handlers
+``StateHandler``, ``ModelStateHandler``, ``OptimizerStateHandler``,
+``SamplerStateHandler`` (and ``SchedulerStateHandler`` for LR schedulers), and
+``get_handler_registry`` / ``set_handler_registry``."""
 import copy
-from typing import Any, Callable, Dict, List
+import queue
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
 import torch
 
 from horovod_torch import basics
+from horovod_torch.basics import rank  # noqa: F401  (Horovod's module has it)
 from horovod_torch.elastic import worker
+from horovod_torch.elastic.sampler import ElasticSampler
+from horovod_torch.elastic.worker import HostUpdateResult
 from horovod_torch.exceptions import HostsUpdatedInterrupt
 from horovod_torch.functions import (allgather_object, broadcast_object,
                                      broadcast_optimizer_state, broadcast_parameters)
 from horovod_torch.ops import broadcast_
 
 
-class State:
-    """Base class: commit() = save() + check_host_updates()."""
+class _HostMessages(queue.Queue):
+    """Host updates as (timestamp, HostUpdateResult), Horovod's ``state._host_messages``.
+
+    Horovod's driver pushes them into every worker. Here the driver only writes its
+    store, so ``poll()`` asks it and queues what is new (the generation number is the
+    timestamp); ``empty()`` and ``qsize()`` poll first, so a script that waits with
+    ``while state._host_messages.empty(): time.sleep(0.1)`` sees the update."""
 
     def __init__(self):
+        super().__init__()
+        self._posted = -1
+
+    def poll(self) -> None:
+        update = worker.poll_host_update()
+        if update is not None and update[0] > self._posted:
+            self._posted = update[0]
+            self.put(update)
+
+    def empty(self) -> bool:
+        self.poll()
+        return super().empty()
+
+    def qsize(self) -> int:
+        self.poll()
+        return super().qsize()
+
+
+def _number(x: float):
+    return int(x) if float(x).is_integer() else float(x)
+
+
+class State:
+    """Base class: commit() = save() + check_host_updates().
+
+    Args:
+        bcast_object: broadcasts an object from rank 0 (default: hvd.broadcast_object).
+        get_rank: returns this worker's rank (default: hvd.rank).
+    """
+
+    def __init__(self, bcast_object: Optional[Callable] = None,
+                 get_rank: Optional[Callable[[], int]] = None):
+        self._bcast_object = bcast_object or broadcast_object
+        self._rank = get_rank or basics.rank
+        self._host_messages = _HostMessages()
+        self._last_updated_timestamp = 0
         self._reset_callbacks: List[Callable[[], None]] = []
 
     def register_reset_callbacks(self, callbacks: List[Callable[[], None]]) -> None:
@@ -24,9 +76,15 @@ class State:
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self) -> None:
+        self._host_messages = _HostMessages()
         self.reset()
         for cb in self._reset_callbacks:
             cb()
+
+    def on_hosts_updated(self, timestamp, update_res) -> None:
+        """Queues a host update (what Horovod's driver notification calls); the next
+        check_host_updates() acts on it if `timestamp` is newer than the last one."""
+        self._host_messages.put((timestamp, update_res))
 
     def commit(self) -> None:
         """Saves the state and raises HostsUpdatedInterrupt if hosts changed."""
@@ -34,41 +92,58 @@ class State:
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
-        """Rank 0 asks the driver whether hosts changed and tells every rank, so all
-        ranks raise HostsUpdatedInterrupt at the same point, or none does."""
-        if not worker.is_elastic():
-            return
-        flag = torch.zeros(2, dtype=torch.int32)
-        if basics.rank() == 0:
-            removed_only = worker.host_update_since_init()
-            if removed_only is not None:
-                flag[0], flag[1] = 1, int(removed_only)
-        broadcast_(flag, 0, name="elastic.check_host_updates")
-        if flag[0]:
-            raise HostsUpdatedInterrupt(skip_sync=bool(flag[1]))
+        """Raises HostsUpdatedInterrupt if a host update newer than the last one acted
+        on was queued. In an elastic job rank 0 asks the driver and broadcasts its
+        verdict, so every rank raises at the same point, or none does: a collective
+        call. Outside an elastic job only updates queued by on_hosts_updated() count,
+        and no collective is run."""
+        elastic = worker.is_elastic() and basics.is_initialized()
+        if elastic and basics.rank() == 0 and hasattr(self._host_messages, "poll"):
+            self._host_messages.poll()
+        prev = last = self._last_updated_timestamp
+        update = HostUpdateResult.no_update
+        while True:
+            try:
+                timestamp, res = self._host_messages.get_nowait()
+            except queue.Empty:
+                break
+            if timestamp > last:
+                last = timestamp
+                update |= res
+        if elastic:
+            verdict = torch.tensor([prev, last, int(update)], dtype=torch.float64)
+            broadcast_(verdict, 0, name="elastic.check_host_updates")
+            prev, last = _number(verdict[0].item()), _number(verdict[1].item())
+            update = HostUpdateResult(int(verdict[2].item()))
+        self._last_updated_timestamp = last
+        if last > prev:
+            raise HostsUpdatedInterrupt(skip_sync=(update == HostUpdateResult.removed))
 
     def save(self) -> None:
+        """Saves the state in host memory."""
         raise NotImplementedError
 
     def restore(self) -> None:
+        """Brings back the last saved state."""
         raise NotImplementedError
 
     def sync(self) -> None:
+        """Makes every rank's state rank 0's."""
         raise NotImplementedError
 
     def reset(self) -> None:
-        pass
+        """Runs after a reset of the job, before the sync."""
 
 
 class ObjectState(State):
     """Plain attributes (``state.epoch``), saved by value and synced from rank 0."""
 
-    def __init__(self, bcast_object=broadcast_object, get_rank=None, **kwargs: Any):
-        self._bcast_object = bcast_object
+    def __init__(self, bcast_object: Optional[Callable] = None,
+                 get_rank: Optional[Callable[[], int]] = None, **kwargs: Any):
         self._saved_state: Dict[str, Any] = copy.deepcopy(kwargs)
         for k, v in kwargs.items():
             setattr(self, k, v)
-        super().__init__()
+        super().__init__(bcast_object=bcast_object, get_rank=get_rank)
 
     def _set_attrs(self) -> None:
         # Copies: changing a restored list in place must not change the commit.
@@ -83,28 +158,66 @@ class ObjectState(State):
 
     def sync(self) -> None:
         if self._saved_state:
-            self._saved_state = self._bcast_object(self._saved_state, 0,
-                                                   name="elastic.object_state")
+            if self._bcast_object is broadcast_object:
+                self._saved_state = broadcast_object(self._saved_state, 0,
+                                                     name="elastic.object_state")
+            else:  # Horovod's convention for a user's function: bcast_object(obj)
+                self._saved_state = self._bcast_object(self._saved_state)
             self._set_attrs()
 
 
-class _ModelHandler:
-    """Saves a module's state_dict into preallocated copies (cheap every batch)."""
+# ------------------------------------------------------------------------- handlers
 
-    def __init__(self, model: torch.nn.Module):
-        self.value = model
-        self._saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
+class StateHandler:
+    """Saves, restores and syncs one kind of object held by a TorchState. Register a
+    subclass for a type with set_handler_registry()."""
+
+    def __init__(self, value: Any):
+        self.value = value
 
     def save(self) -> None:
-        for k, v in self.value.state_dict().items():
-            saved = self._saved.get(k)
-            if saved is None or saved.shape != v.shape or saved.dtype != v.dtype:
-                self._saved[k] = v.detach().clone()
-            else:
-                saved.copy_(v.detach())
+        raise NotImplementedError
 
     def restore(self) -> None:
-        self.value.load_state_dict(self._saved)
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """After a reset of the job, before the sync (which a removed host skips)."""
+
+    def set_value(self, value: Any) -> None:
+        """``state.<name> = value``: track `value` from now on, saved as it is now."""
+        self.value = value
+        self.save()
+
+
+class ModelStateHandler(StateHandler):
+    """A module's state_dict, saved into copies allocated once (cheap every batch);
+    restore is load_state_dict, sync is broadcast_parameters from rank 0."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__(model)
+        self._saved_model_state: Dict[str, Any] = {}
+        self.save()
+
+    def save(self) -> None:
+        saved = {}
+        for k, v in self.value.state_dict().items():
+            old = self._saved_model_state.get(k)
+            if not isinstance(v, torch.Tensor):
+                saved[k] = copy.deepcopy(v)
+            elif (isinstance(old, torch.Tensor) and old.shape == v.shape
+                  and old.dtype == v.dtype and old.device == v.device):
+                old.copy_(v.detach())
+                saved[k] = old
+            else:
+                saved[k] = v.detach().clone()
+        self._saved_model_state = saved
+
+    def restore(self) -> None:
+        self.value.load_state_dict(self._saved_model_state)
 
     def sync(self) -> None:
         broadcast_parameters(self.value.state_dict(), root_rank=0)
@@ -127,18 +240,21 @@ def _copy_into(dst: Any, src: Any) -> Any:
     return copy.deepcopy(src)
 
 
-class _OptimizerHandler:
+class OptimizerStateHandler(StateHandler):
+    """An optimizer's state_dict; sync is broadcast_optimizer_state from rank 0."""
+
     def __init__(self, optimizer: torch.optim.Optimizer):
-        self.value = optimizer
-        self._saved = _copy_into(None, optimizer.state_dict())
+        super().__init__(optimizer)
+        self._saved_optimizer_state = _copy_into(None, optimizer.state_dict())
 
     def save(self) -> None:
-        self._saved = _copy_into(self._saved, self.value.state_dict())
+        self._saved_optimizer_state = _copy_into(self._saved_optimizer_state,
+                                                 self.value.state_dict())
 
     def restore(self) -> None:
         # load_state_dict keeps the tensors it is given: hand it a copy, so later
         # steps do not update the commit in place.
-        self.value.load_state_dict(copy.deepcopy(self._saved))
+        self.value.load_state_dict(copy.deepcopy(self._saved_optimizer_state))
         # A DistributedOptimizer may hold gradients in flight from the failed step.
         if hasattr(self.value, "_reset_pending"):
             self.value._reset_pending()
@@ -148,40 +264,39 @@ class _OptimizerHandler:
         self.save()
 
 
-class _SchedulerHandler:
+class SchedulerStateHandler(StateHandler):
     """An LR scheduler: its state_dict is saved, restored and synced; the scheduler
     object itself (attached to the real optimizer) is kept."""
 
     def __init__(self, scheduler):
-        self.value = scheduler
-        self._saved = copy.deepcopy(scheduler.state_dict())
+        super().__init__(scheduler)
+        self._saved_scheduler_state = copy.deepcopy(scheduler.state_dict())
 
     def save(self) -> None:
-        self._saved = copy.deepcopy(self.value.state_dict())
+        self._saved_scheduler_state = copy.deepcopy(self.value.state_dict())
 
     def restore(self) -> None:
-        self.value.load_state_dict(copy.deepcopy(self._saved))
+        self.value.load_state_dict(copy.deepcopy(self._saved_scheduler_state))
 
     def sync(self) -> None:
-        self._saved = broadcast_object(self._saved, 0, name="elastic.scheduler_state")
+        self._saved_scheduler_state = broadcast_object(self._saved_scheduler_state, 0,
+                                                       name="elastic.scheduler_state")
         self.restore()
 
-    def reset(self) -> None:
-        pass
 
+class SamplerStateHandler(StateHandler):
+    """ElasticSampler: sync merges every rank's processed indices (the union, over the
+    ranks in rank 0's epoch), so progress made by any rank survives a reset."""
 
-class _SamplerHandler:
-    """ElasticSampler: the union of every rank's processed indices survives a reset."""
-
-    def __init__(self, sampler):
-        self.value = sampler
-        self._saved = copy.deepcopy(sampler.state_dict())
+    def __init__(self, sampler: ElasticSampler):
+        super().__init__(sampler)
+        self._saved_sampler_state = copy.deepcopy(sampler.state_dict())
 
     def save(self) -> None:
-        self._saved = copy.deepcopy(self.value.state_dict())
+        self._saved_sampler_state = copy.deepcopy(self.value.state_dict())
 
     def restore(self) -> None:
-        self.value.load_state_dict(self._saved)
+        self.value.load_state_dict(copy.deepcopy(self._saved_sampler_state))
 
     def reset(self) -> None:
         # Re-shard over the new world even when the sync is skipped (hosts removed).
@@ -190,34 +305,55 @@ class _SamplerHandler:
     def sync(self) -> None:
         states = allgather_object(self.value.state_dict(), name="elastic.sampler_state")
         merged = dict(states[0])
-        merged["processed_indices"] = sorted({i for s in states for i in s["processed_indices"]})
+        done = sorted({int(i) for s in states if s["epoch"] == merged["epoch"]
+                       for i in s.get("processed_indices") or ()})
+        merged.update(processed_indices=done, processed_num=len(done))
         self.value.load_state_dict(merged)
         self.save()
 
 
-def _handler_for(value: Any):
-    from horovod_torch.elastic.sampler import ElasticSampler
-    if isinstance(value, torch.nn.Module):
-        return _ModelHandler(value)
-    if isinstance(value, torch.optim.Optimizer):
-        return _OptimizerHandler(value)
-    if isinstance(value, torch.optim.lr_scheduler.LRScheduler):
-        return _SchedulerHandler(value)
-    if isinstance(value, ElasticSampler):
-        return _SamplerHandler(value)
+_handler_registry: List[Tuple[Type, Type[StateHandler]]] = [
+    (torch.nn.Module, ModelStateHandler),
+    (torch.optim.Optimizer, OptimizerStateHandler),
+    (torch.optim.lr_scheduler.LRScheduler, SchedulerStateHandler),
+    (ElasticSampler, SamplerStateHandler),
+]
+
+
+def get_handler_registry() -> List[Tuple[Type, Type[StateHandler]]]:
+    """The (type, handler class) pairs TorchState consults, first match wins."""
+    return _handler_registry
+
+
+def set_handler_registry(registry: List[Tuple[Type, Type[StateHandler]]]) -> None:
+    global _handler_registry
+    _handler_registry = registry
+
+
+def _handler_class(value: Any) -> Optional[Type[StateHandler]]:
+    for handled_type, handler_cls in _handler_registry:
+        if isinstance(value, handled_type):
+            return handler_cls
     return None
 
 
+def _get_handler(value: Any) -> Optional[StateHandler]:
+    cls = _handler_class(value)
+    return cls(value) if cls is not None else None
+
+
 class TorchState(ObjectState):
-    """State of a PyTorch training loop: a model, an optimizer, ElasticSamplers and
-    any plain values (``TorchState(model, optimizer, epoch=1, batch=0)``)."""
+    """State of a PyTorch training loop: a model, an optimizer, ElasticSamplers, LR
+    schedulers and any plain values (``TorchState(model, optimizer, epoch=1, batch=0)``).
+    Objects of a type in the handler registry get that handler; others are plain
+    values (deep-copied, synced with broadcast_object)."""
 
     def __init__(self, model=None, optimizer=None, **kwargs: Any):
         kwargs.update(model=model, optimizer=optimizer)
         handlers = {}
         plain = {}
         for k, v in kwargs.items():
-            h = _handler_for(v)
+            h = _get_handler(v)
             if h is not None:
                 handlers[k] = h
             elif v is not None or k not in ("model", "optimizer"):
@@ -225,17 +361,23 @@ class TorchState(ObjectState):
         object.__setattr__(self, "_handlers", handlers)
         for k, h in handlers.items():
             object.__setattr__(self, k, h.value)
-        super().__init__(**plain)
+        for k in ("model", "optimizer"):  # readable when not given, but not tracked
+            if k not in handlers and k not in plain:
+                object.__setattr__(self, k, None)
+        super().__init__(bcast_object=broadcast_object, get_rank=basics.rank, **plain)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        # `state.model = new_model` re-targets the handler to the new object.
+        # `state.model = new_model` makes the handler track the new object.
         handlers = self.__dict__.get("_handlers")
         if handlers is not None and name in handlers and value is not handlers[name].value:
-            h = _handler_for(value)
-            if h is None:
+            cls = _handler_class(value)
+            if cls is None:
                 raise ValueError(f"state.{name} was a {type(handlers[name].value).__name__}; "
                                  f"cannot replace it with a {type(value).__name__}")
-            handlers[name] = h
+            if isinstance(handlers[name], cls):
+                handlers[name].set_value(value)
+            else:
+                handlers[name] = cls(value)
         object.__setattr__(self, name, value)
 
     def reset(self) -> None:

@@ -6,8 +6,10 @@ Store keys written by the driver (all under ``elastic/``):
   ``<gen>/added``               "1" if that generation brought in new workers
 A worker not assigned in a new generation was removed from the job and exits.
 """
+import enum
 import os
 import sys
+import threading
 import time
 from typing import Optional, Tuple
 
@@ -69,11 +71,57 @@ def next_assignment(timeout_s: float) -> Tuple[dict, str]:
         time.sleep(0.05)
 
 
-def host_update_since_init() -> Optional[bool]:
-    """None if nothing changed since this process's init; otherwise whether the
-    changes only removed workers (so the state sync can be skipped)."""
+class HostUpdateResult(enum.IntFlag):
+    """What changed in the set of hosts (Horovod's flags): ``removed`` alone means the
+    survivors need no state sync."""
+    no_update = 0
+    removed = 1
+    added = 2
+    mixed = removed | added
+
+
+def poll_host_update() -> Optional[Tuple[int, HostUpdateResult]]:
+    """(newest generation, what changed) when the driver formed a generation newer than
+    the one this process joined at its last init; None when nothing changed or the job
+    is not elastic. The generation number serves as the update's timestamp."""
+    if not is_elastic() or _gen < 0:
+        return None
     gen = current_generation()
     if gen <= _gen:
         return None
     added = any(_store().get(f"elastic/{g}/added", 0.0) == b"1" for g in range(_gen + 1, gen + 1))
-    return not added
+    return gen, (HostUpdateResult.added if added else HostUpdateResult.removed)
+
+
+class WorkerNotificationManager:
+    """Horovod's registry of objects told about host updates
+    (``listener.on_hosts_updated(timestamp, HostUpdateResult)``). Horovod's driver
+    pushes these to a service in each worker; here the worker asks the driver's store
+    instead (``poll_host_update``, called by ``State.check_host_updates`` on rank 0),
+    so ``init()`` starts nothing. ``handle_hosts_updated`` forwards an update to every
+    listener."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._listeners = set()
+
+    def init(self, rendezvous_addr=None, rendezvous_port=None, nic=None, hostname=None,
+             local_rank=None) -> None:
+        pass
+
+    def register_listener(self, listener) -> None:
+        with self._lock:
+            self._listeners.add(listener)
+
+    def remove_listener(self, listener) -> None:
+        with self._lock:
+            self._listeners.discard(listener)
+
+    def handle_hosts_updated(self, timestamp, update_res) -> None:
+        with self._lock:
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener.on_hosts_updated(timestamp, update_res)
+
+
+notification_manager = WorkerNotificationManager()
