@@ -3,7 +3,7 @@
 listed here. ``python -m horovod_torch.config --markdown`` writes docs/config.md."""
 import argparse
 import sys
-from typing import List, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 # Variables horovodrun sets for each worker (or the user sets without it).
 LAUNCHER_VARS: List[Tuple[str, str, str]] = [
@@ -31,33 +31,91 @@ LAUNCHER_VARS: List[Tuple[str, str, str]] = [
 ]
 
 
-# horovodrun flags that set an engine knob for every worker: (flag, variable, value
-# type, metavar, scale). A store_true flag has type None and sets "1"; `scale`
-# multiplies a numeric value (MB -> bytes). The launcher builds its options from this.
-KNOB_FLAGS: List[Tuple[str, str, object, str, int]] = [
-    ("--fusion-threshold-mb", "HOROVOD_FUSION_THRESHOLD", int, "MB", 1024 * 1024),
-    ("--cycle-time-ms", "HOROVOD_CYCLE_TIME", float, "MS", 1),
-    ("--cache-capacity", "HOROVOD_CACHE_CAPACITY", int, "N", 1),
-    ("--timeline-filename", "HOROVOD_TIMELINE", str, "FILE", 1),
-    ("--timeline-mark-cycles", "HOROVOD_TIMELINE_MARK_CYCLES", None, "", 1),
-    ("--autotune", "HOROVOD_AUTOTUNE", None, "", 1),
-    ("--autotune-log-file", "HOROVOD_AUTOTUNE_LOG", str, "FILE", 1),
-    ("--stall-check-time-seconds", "HOROVOD_STALL_CHECK_TIME_SECONDS", float, "S", 1),
-    ("--stall-shutdown-time-seconds", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", float, "S", 1),
-    ("--log-hide-timestamp", "HOROVOD_LOG_HIDE_TIME", None, "", 1),
-    ("--log-level", "HOROVOD_LOG_LEVEL", str, "LEVEL", 1),
-    ("--start-timeout", "HOROVOD_START_TIMEOUT", int, "S", 1),
-    ("--hierarchical-allreduce", "HOROVOD_HIERARCHICAL_ALLREDUCE", None, "", 1),
-    ("--hierarchical-allgather", "HOROVOD_HIERARCHICAL_ALLGATHER", None, "", 1),
+class KnobFlag(NamedTuple):
+    """horovodrun option(s) that set one HOROVOD_* variable for every worker.
+
+    A value option (``kind`` is int, float or str) sets the variable to its value
+    times ``scale`` (MB -> bytes); a switch (``kind`` None) sets it to ``const``.
+    Several entries may set the same variable (``--autotune`` / ``--no-autotune``):
+    the last one given wins."""
+    flags: Tuple[str, ...]
+    env: str
+    kind: Optional[type] = None
+    metavar: str = ""
+    scale: int = 1
+    const: str = "1"
+    help: str = ""
+
+
+# Horovod's option names first; the later names of an entry are aliases. The launcher
+# builds its options from this list (--start-timeout and --log-level it defines itself).
+KNOB_FLAGS: List[KnobFlag] = [
+    KnobFlag(("--fusion-threshold-mb",), "HOROVOD_FUSION_THRESHOLD", int, "MB", 1024 * 1024),
+    KnobFlag(("--cycle-time-ms",), "HOROVOD_CYCLE_TIME", float, "MS"),
+    KnobFlag(("--cache-capacity",), "HOROVOD_CACHE_CAPACITY", int, "N"),
+    KnobFlag(("--hierarchical-allreduce",), "HOROVOD_HIERARCHICAL_ALLREDUCE", const="1"),
+    KnobFlag(("--no-hierarchical-allreduce",), "HOROVOD_HIERARCHICAL_ALLREDUCE", const="0"),
+    KnobFlag(("--hierarchical-allgather",), "HOROVOD_HIERARCHICAL_ALLGATHER", const="1"),
+    KnobFlag(("--no-hierarchical-allgather",), "HOROVOD_HIERARCHICAL_ALLGATHER", const="0"),
+    KnobFlag(("--torus-allreduce",), "HOROVOD_TORUS_ALLREDUCE", const="1"),
+    KnobFlag(("--no-torus-allreduce",), "HOROVOD_TORUS_ALLREDUCE", const="0"),
+    KnobFlag(("--autotune",), "HOROVOD_AUTOTUNE", const="1"),
+    KnobFlag(("--no-autotune",), "HOROVOD_AUTOTUNE", const="0"),
+    KnobFlag(("--autotune-log-file",), "HOROVOD_AUTOTUNE_LOG", str, "FILE"),
+    KnobFlag(("--autotune-warmup-samples",), "HOROVOD_AUTOTUNE_WARMUP_SAMPLES", int, "N"),
+    KnobFlag(("--autotune-steps-per-sample",), "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", int, "N"),
+    KnobFlag(("--autotune-bayes-opt-max-samples",), "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
+             int, "N"),
+    KnobFlag(("--autotune-gaussian-process-noise",), "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
+             float, "X"),
+    KnobFlag(("--timeline-filename",), "HOROVOD_TIMELINE", str, "FILE"),
+    KnobFlag(("--timeline-mark-cycles",), "HOROVOD_TIMELINE_MARK_CYCLES", const="1"),
+    KnobFlag(("--no-timeline-mark-cycles",), "HOROVOD_TIMELINE_MARK_CYCLES", const="0"),
+    KnobFlag(("--no-stall-check",), "HOROVOD_STALL_CHECK_DISABLE", const="1"),
+    KnobFlag(("--stall-check",), "HOROVOD_STALL_CHECK_DISABLE", const="0"),
+    KnobFlag(("--stall-check-warning-time-seconds", "--stall-check-time-seconds"),
+             "HOROVOD_STALL_CHECK_TIME_SECONDS", float, "S"),
+    KnobFlag(("--stall-check-shutdown-time-seconds", "--stall-shutdown-time-seconds"),
+             "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", float, "S"),
+    KnobFlag(("--mpi-threads-disable",), "HOROVOD_MPI_THREADS_DISABLE", const="1"),
+    KnobFlag(("--no-mpi-threads-disable",), "HOROVOD_MPI_THREADS_DISABLE", const="0"),
+    KnobFlag(("--num-nccl-streams",), "HOROVOD_NUM_NCCL_STREAMS", int, "N"),
+    KnobFlag(("--thread-affinity",), "HOROVOD_THREAD_AFFINITY", int, "CPU"),
+    KnobFlag(("--gloo-timeout-seconds",), "HOROVOD_GLOO_TIMEOUT_SECONDS", int, "S"),
+    KnobFlag(("--tcp",), "NCCL_IB_DISABLE", const="1",
+             help="use TCP only: sets NCCL_IB_DISABLE=1 (NCCL leaves InfiniBand alone)"),
+    KnobFlag(("--log-without-timestamp", "--log-hide-timestamp"), "HOROVOD_LOG_HIDE_TIME",
+             const="1"),
+    KnobFlag(("--log-with-timestamp", "--no-log-hide-timestamp"), "HOROVOD_LOG_HIDE_TIME",
+             const="0"),
+    KnobFlag(("--log-level",), "HOROVOD_LOG_LEVEL", str, "LEVEL"),
+    KnobFlag(("--start-timeout",), "HOROVOD_START_TIMEOUT", int, "S"),
 ]
 
 
+def knob_flags(env: str) -> List[str]:
+    """The horovodrun options that set `env` (with their metavar), in KNOB_FLAGS order."""
+    return [k.flags[0] + (f" {k.metavar}" if k.metavar else "")
+            for k in KNOB_FLAGS if k.env == env]
+
+
 def knob_flag(env: str) -> str:
-    """The horovodrun flag that sets `env`, or an empty string."""
-    for flag, var, kind, metavar, scale in KNOB_FLAGS:
-        if var == env:
-            return flag + (f" {metavar}" if metavar else "")
-    return ""
+    """The horovodrun option(s) that set `env` (``--a / --no-a``), or an empty string."""
+    return " / ".join(knob_flags(env))
+
+
+# Variables horovodrun sets from Horovod's options although the engine does not read
+# them (Horovod's own knobs); markdown() lists those the compiled engine lacks.
+PASSED_THROUGH: Dict[str, str] = {
+    "HOROVOD_TORUS_ALLREDUCE": "Horovod's 2D torus allreduce through NCCL (1 / 0).",
+    "HOROVOD_STALL_CHECK_DISABLE": "Horovod: 1 turns the stall check off.",
+    "HOROVOD_MPI_THREADS_DISABLE": "Horovod: 1 initialises MPI without thread support.",
+    "HOROVOD_NUM_NCCL_STREAMS": "Horovod: number of NCCL streams per device.",
+    "HOROVOD_THREAD_AFFINITY": "Horovod: core the background thread is pinned to.",
+    "HOROVOD_GLOO_TIMEOUT_SECONDS": "Horovod: timeout of Gloo operations (nearest knob here: "
+                                    "HOROVOD_TCP_TIMEOUT).",
+    "NCCL_IB_DISABLE": "Read by NCCL itself: 1 keeps NCCL off InfiniBand.",
+}
 
 
 def knobs() -> List[Tuple[str, str, object, str]]:
@@ -75,9 +133,18 @@ def markdown() -> str:
              "| --- | --- | --- | --- | --- |"]
     for env, typ, default, doc in knobs():
         typ = {"int64_t": "integer", "double": "number", "std::string": "string"}.get(typ, typ)
-        flag = knob_flag(env)
-        flag = f"`{flag}`" if flag else ""
+        flag = " / ".join(f"`{f}`" for f in knob_flags(env))
         lines.append(f"| `{env}` | {flag} | {typ} | `{default}` | {doc} |")
+    engine = {k[0] for k in knobs()}
+    passed = [env for env in dict.fromkeys(k.env for k in KNOB_FLAGS) if env not in engine]
+    if passed:
+        lines += ["", "## Passed through for Horovod's options", "",
+                  "`horovodrun` sets these for every worker when given Horovod's option, "
+                  "like Horovod does; this build's engine does not read them.", "",
+                  "| variable | horovodrun flag | meaning |", "| --- | --- | --- |"]
+        for env in passed:
+            flag = " / ".join(f"`{f}`" for f in knob_flags(env))
+            lines.append(f"| `{env}` | {flag} | {PASSED_THROUGH.get(env, '')} |")
     lines += ["", "## Set by the launcher", "",
               "| variable | set from | meaning |", "| --- | --- | --- |"]
     for env, flag, doc in LAUNCHER_VARS:

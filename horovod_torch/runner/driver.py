@@ -81,6 +81,15 @@ class LocalSpawner:
         self._register(proc.pid)
         return proc
 
+    def close(self) -> None:
+        """Lets the reaper go (the job's local workers have ended)."""
+        if self._reaper_pipe >= 0:
+            os.close(self._reaper_pipe)
+            self._reaper_pipe = -1
+        if self._reaper is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._reaper.wait(timeout=READER_JOIN_TIMEOUT_S)
+
     def _register(self, pgid: int) -> None:
         if not self._reaper_tried:
             self._start_reaper()
@@ -145,6 +154,10 @@ class HostSpawner:
         self._connecting[slot.hostname].append(proc)
         return proc
 
+    def close(self) -> None:
+        """Releases what starting local workers took (their reaper)."""
+        self._local.close()
+
     def _wait_for_room(self, host: str) -> None:
         pending = self._connecting.setdefault(host, [])
         deadline = time.monotonic() + CONNECTING_WAIT_S
@@ -181,14 +194,37 @@ def describe_start_failure(proc: "subprocess.Popen[bytes]") -> str:
             f"failed; its error is above)")
 
 
+class TextSink:
+    """A byte stream over a text stream that has no ``buffer`` (Jupyter's)."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
+
+    def write(self, data: bytes) -> int:
+        self._stream.write(data.decode("utf-8", "replace"))
+        return len(data)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+
 class OutputForwarder:
     """Copy worker stdout and stderr line by line to ours, prefixed like Horovod
-    (``[rank]<stdout>:`` / ``[rank]<stderr>:``) unless prefix is False."""
+    (``[rank]<stdout>:`` / ``[rank]<stderr>:``) unless prefix is False; with
+    ``timestamp`` each line starts with the local time, as Horovod writes it. With
+    ``output_dir`` each worker's lines also go, as they are, to
+    ``output_dir/rank.<rank>/stdout`` and ``stderr`` (rank zero-padded to the width
+    of ``ranks - 1``, like Horovod's --output-filename)."""
 
     def __init__(self, stream: IO[bytes], prefix: bool = True,
-                 err_stream: Optional[IO[bytes]] = None) -> None:
+                 err_stream: Optional[IO[bytes]] = None, timestamp: bool = False,
+                 output_dir: Optional[str] = None, ranks: int = 1) -> None:
         self._streams = {"stdout": stream, "stderr": err_stream or sys.stderr.buffer}
         self._prefix = prefix
+        self._timestamp = timestamp
+        self._output_dir = output_dir
+        self._width = len(str(max(0, ranks - 1)))
+        self._opened: set = set()  # files written by this job: later workers append
         self._lock = threading.Lock()
         self._broken = False
 
@@ -200,15 +236,45 @@ class OutputForwarder:
         self._pump_one(rank, proc.stdout, "stdout")
         err.join()
 
+    def _open_copy(self, rank: int, kind: str) -> Optional[IO[bytes]]:
+        if not self._output_dir:
+            return None
+        folder = os.path.join(self._output_dir, f"rank.{rank:0{self._width}d}")
+        path = os.path.join(folder, kind)
+        with self._lock:
+            mode = "ab" if path in self._opened else "wb"
+            self._opened.add(path)
+        try:
+            os.makedirs(folder, exist_ok=True)
+            return open(path, mode)  # pylint: disable=consider-using-with
+        except OSError as exc:
+            log(f"cannot write worker output to {path}: {exc.strerror}")
+            return None
+
     def _pump_one(self, rank: int, pipe: Optional[IO[bytes]], kind: str) -> None:
         if pipe is None:
             return
-        prefix = f"[{rank}]<{kind}>:".encode() if self._prefix else b""
-        with pipe:
-            for line in iter(pipe.readline, b""):
-                if self._prefix and not line.endswith(b"\n"):
-                    line += b"\n"
-                self._write(kind, prefix + line)
+        tag = f"[{rank}]<{kind}>:".encode() if self._prefix else b""
+        copy = self._open_copy(rank, kind)
+        try:
+            with pipe:
+                for line in iter(pipe.readline, b""):
+                    if copy is not None:
+                        copy.write(line)
+                        copy.flush()
+                    if (self._prefix or self._timestamp) and not line.endswith(b"\n"):
+                        line += b"\n"
+                    prefix = (time.asctime().encode() + (tag or b" ") if self._timestamp
+                              else tag)
+                    self._write(kind, prefix + line)
+        finally:
+            if copy is not None:
+                copy.close()
+
+    def write_line(self, kind: str, line: str) -> None:
+        """Writes a line of the launcher's own to our stdout or stderr, whole,
+        between the workers' lines."""
+        self._write(kind, line.encode() + b"\n")
 
     def _write(self, kind: str, data: bytes) -> None:
         with self._lock:

@@ -23,6 +23,14 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from horovod_torch.runner import driver, hosts
 
+# Horovod's words at these events (users grep for them).
+WORKER_EXIT_MESSAGE = "Process {rank} exit with status code {code}."
+RESET_LIMIT_EXCEEDED_MESSAGE = ("Horovod was shutdown because number of resets during "
+                                "elastic job exceeded limit: {limit}")
+JOB_FAILED_MESSAGE = ("Horovod detected that one or more processes exited with non-zero "
+                      "status, thus causing the job to be terminated. The first process to "
+                      "do so was:\nProcess name: {name}\nExit code: {code}")
+
 POLL_S = 0.1
 DISCOVERY_PERIOD_S = 1.0
 REMOVED_GRACE_S = 30.0
@@ -35,7 +43,9 @@ class _Worker:
     proc: "subprocess.Popen[bytes]"
     reader: threading.Thread
     started_at: float = 0.0
-    rank: int = -1
+    rank: int = -1  # in the latest generation that has it
+    seq: int = 0  # order of starting
+    slot: Optional[hosts.SlotInfo] = None  # the place it was started for
     removed_at: Optional[float] = None
     done: bool = False
 
@@ -45,8 +55,9 @@ class ElasticOptions:
     num_proc: int
     min_np: int
     max_np: int
-    discovery_script: str
+    discovery_script: Optional[str]
     slots: int = 1
+    fixed_hosts: Optional[Dict[str, int]] = None  # instead of a discovery script
     reset_limit: int = 0
     cooldown: Optional[Tuple[float, float]] = None
     elastic_timeout: float = 600.0
@@ -68,6 +79,24 @@ def parse_discovery(output: str, default_slots: int) -> Dict[str, int]:
     return found
 
 
+def assign(host_per_rank: Sequence[str]) -> List[hosts.SlotInfo]:
+    """Placement of ranks 0..n-1 on the given hosts (Horovod's rules: local rank counts
+    a host's ranks; cross rank is the host's index among the hosts with that local
+    rank, in order of first appearance)."""
+    per_host: Dict[str, int] = {}
+    local = []
+    for host in host_per_rank:
+        local.append(per_host.get(host, 0))
+        per_host[host] = local[-1] + 1
+    order = list(per_host)
+    slots = []
+    for rank, (host, lrank) in enumerate(zip(host_per_rank, local)):
+        cross = [h for h in order if per_host[h] > lrank]
+        slots.append(hosts.SlotInfo(host, rank, lrank, cross.index(host), len(host_per_rank),
+                                    per_host[host], len(cross)))
+    return slots
+
+
 def discover_hosts(script: str, default_slots: int) -> Dict[str, int]:
     """Runs the discovery script once; raises OSError/ValueError on failure."""
     try:
@@ -85,7 +114,7 @@ def discover_hosts(script: str, default_slots: int) -> Dict[str, int]:
 
 class ElasticDriver:
     def __init__(self, opts: ElasticOptions, store, command: Sequence[str],
-                 env_for: Callable[[str, str, int], Dict[str, str]],
+                 env_for: Callable[[str, hosts.SlotInfo], Dict[str, str]],
                  forwarder: driver.OutputForwarder,
                  spawner: Optional[driver.HostSpawner] = None) -> None:
         self._o = opts
@@ -103,26 +132,37 @@ class ElasticDriver:
         self._gen = -1
         self._members: List[str] = []  # worker ids of the last generation, in rank order
         self._resets = 0
+        self._first_failure: Optional[Tuple[str, int]] = None  # (Horovod's name, code)
         self._signal: Optional[int] = None
 
     # -- discovery ---------------------------------------------------------------
 
     def _discover(self) -> Optional[Dict[str, int]]:
-        try:
-            found = discover_hosts(self._o.discovery_script, self._o.slots)
-        except (OSError, ValueError) as exc:
-            driver.log(f"host discovery failed: {exc}")
-            return None
+        if self._o.fixed_hosts is not None:
+            found = dict(self._o.fixed_hosts)
+        else:
+            found = self._run_discovery()
+            if found is None:
+                return None
         if self._spawner.remote is None:
             remote = [h for h in found if not hosts.is_local_host(h)]
             new = [h for h in remote if h not in self._refused]
             if new:
                 driver.log(f"ignoring remote hosts {','.join(new)}: the rendezvous store "
-                           "listens on 127.0.0.1 (the discovery script listed no remote "
-                           "host at start); pass --network-interface to allow them")
+                           "listens on 127.0.0.1 (no remote host was known at start); "
+                           "pass --network-interface to allow them")
                 self._refused.update(new)
             for h in remote:
                 del found[h]
+        return found
+
+    def _run_discovery(self) -> Optional[Dict[str, int]]:
+        assert self._o.discovery_script is not None
+        try:
+            found = discover_hosts(self._o.discovery_script, self._o.slots)
+        except (OSError, ValueError) as exc:
+            driver.log(f"host discovery failed: {exc}")
+            return None
         return found
 
     def _usable(self, host: str) -> bool:
@@ -145,22 +185,30 @@ class ElasticDriver:
 
     # -- generations -------------------------------------------------------------
 
-    def _spawn(self, host: str) -> _Worker:
-        wid = f"{host}/{next(self._ids)}"
-        env = self._env_for(wid, host, len(self._workers))
-        slot = hosts.SlotInfo(host, len(self._workers), 0, 0, 0, 0, 0)
+    def _spawn(self, slot: hosts.SlotInfo) -> _Worker:
+        """Starts a worker for ``slot``: the place it will have in the next generation
+        if nothing else changes (its HOROVOD_RANK, and the label of its output)."""
+        seq = next(self._ids)
+        wid = f"{slot.hostname}/{seq}"
+        env = self._env_for(wid, slot)
         try:
             proc = self._spawner.spawn(slot, self._command, env)
         except OSError as exc:
-            driver.log(f"cannot start a worker on host {host}: {exc}")
+            driver.log(f"cannot start a worker on host {slot.hostname}: {exc}")
             # A stand-in that has failed, so the host is blacklisted like any other.
             proc = subprocess.Popen(["false"], start_new_session=True)
         reader = threading.Thread(target=self._forwarder.pump,
-                                  args=(len(self._workers), proc), daemon=True)
+                                  args=(slot.rank, proc), daemon=True)
         reader.start()
-        w = _Worker(wid, host, proc, reader, started_at=time.monotonic())
+        w = _Worker(wid, slot.hostname, proc, reader, started_at=time.monotonic(), seq=seq,
+                    slot=slot)
         self._workers[wid] = w
         return w
+
+    @staticmethod
+    def _rank_order(w: _Worker) -> Tuple[bool, int, int]:
+        """Survivors first, in their rank order, then new workers as they started."""
+        return (w.rank < 0, w.rank, w.seq)
 
     def _pending(self) -> List[_Worker]:
         """Live workers on remote hosts that have not answered yet."""
@@ -170,7 +218,7 @@ class ElasticDriver:
         """Writes a new generation: survivors first (old rank order), then new ones.
         Called only while no worker is pending: a generation never waits for a host
         that may not be reachable."""
-        live = sorted(self._live(), key=lambda w: (w.rank < 0, w.rank, w.worker_id))
+        live = sorted(self._live(), key=self._rank_order)
         members = [w.worker_id for w in live]
         if members == self._members:
             return  # e.g. a new host failed before it ever joined: nothing to tell
@@ -179,13 +227,10 @@ class ElasticDriver:
         per_host: Dict[str, List[_Worker]] = {}
         for w in live:
             per_host.setdefault(w.host, []).append(w)
-        host_order = list(per_host)
-        for rank, w in enumerate(live):
-            local = per_host[w.host]
-            lrank = local.index(w)
-            cross = [h for h in host_order if len(per_host[h]) > lrank]
-            w.rank = rank
-            value = f"{rank},{len(live)},{lrank},{len(local)},{cross.index(w.host)},{len(cross)}"
+        for w, s in zip(live, assign([w.host for w in live])):
+            w.rank = s.rank
+            value = (f"{s.rank},{s.size},{s.local_rank},{s.local_size},{s.cross_rank},"
+                     f"{s.cross_size}")
             self._store.set(f"elastic/{self._gen}/assign/{w.worker_id}", value.encode())
         self._store.set(f"elastic/{self._gen}/added", b"1" if added else b"0")
         self._store.set("elastic/gen", str(self._gen).encode())
@@ -195,13 +240,12 @@ class ElasticDriver:
 
     def _grow(self, limit: int) -> bool:
         """Starts workers on free slots up to `limit` live workers; True if any."""
-        started = False
-        for host in self._free_slots():
-            if len(self._live()) >= limit:
-                break
-            self._spawn(host)
-            started = True
-        return started
+        live = sorted(self._live(), key=self._rank_order)
+        new = self._free_slots()[:max(0, limit - len(live))]
+        planned = assign([w.host for w in live] + new)
+        for slot in planned[len(live):]:
+            self._spawn(slot)
+        return bool(new)
 
     # -- main loop ---------------------------------------------------------------
 
@@ -246,9 +290,15 @@ class ElasticDriver:
                 if rc == 0:
                     w.done = True
                     continue
+                code = driver.exit_code(rc)
+                self._say(WORKER_EXIT_MESSAGE.format(rank=w.slot.rank if w.slot else w.rank,
+                                                     code=code))
                 driver.log(f"worker {w.worker_id} (rank {w.rank}) exited with code "
-                           f"{driver.exit_code(rc)}{driver.describe_start_failure(w.proc)}; "
+                           f"{code}{driver.describe_start_failure(w.proc)}; "
                            "re-forming the job without it")
+                if self._first_failure is None:
+                    local = w.slot.local_rank if w.slot else 0
+                    self._first_failure = (f"{w.host}[{local}]", code)
                 del self._workers[w.worker_id]
                 self._blacklist_host(w.host)
                 changed = True
@@ -258,8 +308,9 @@ class ElasticDriver:
             if finished and self._training_over(finished):
                 return 0
             if self._o.reset_limit and self._resets > self._o.reset_limit:
-                driver.log(f"the job was reset {self._resets} times, more than --reset-limit "
-                           f"{self._o.reset_limit}; stopping")
+                driver.log(RESET_LIMIT_EXCEEDED_MESSAGE.format(limit=self._o.reset_limit) +
+                           f" (the job was reset {self._resets} times, more than --reset-limit "
+                           f"{self._o.reset_limit}); stopping")
                 return 1
             if time.monotonic() >= next_discovery and not finished:
                 next_discovery = time.monotonic() + DISCOVERY_PERIOD_S
@@ -281,6 +332,9 @@ class ElasticDriver:
                     driver.log(f"every host has failed and is blacklisted "
                                f"({', '.join(self._hosts)}); fewer than --min-np "
                                f"{self._o.min_np} workers remain; stopping")
+                    if self._first_failure is not None:
+                        name, code = self._first_failure
+                        driver.log(JOB_FAILED_MESSAGE.format(name=name, code=code))
                     return 1
                 if len(self._live()) < self._o.min_np:
                     waiting_since = waiting_since or time.monotonic()
@@ -298,11 +352,13 @@ class ElasticDriver:
         """Training is over once every assigned worker is done, or once a worker
         finished without reaching the latest generation's rendezvous: it ended the
         training in an older generation (a host was added just as training ended),
-        so the latest one can never form and its new workers would wait forever."""
+        so the latest one can never form and its new workers would wait forever.
+        (In generation 0 there is no older one: the worker did not use horovod, and
+        the others finish on their own, as under horovod.runner.run.)"""
         if not [w for w in self._live() if w.rank >= 0]:
             return True
-        if len(self._members) < 2:
-            return False
+        if len(self._members) < 2 or self._gen < 1:
+            return False  # generation 0: a worker that never called hvd.init() is done
         for w in finished:
             if (w.worker_id in self._members and self._store.get(
                     f"elastic/{self._gen}/addr/{self._members.index(w.worker_id)}") is None):
@@ -361,11 +417,19 @@ class ElasticDriver:
         for w in self._workers.values():
             w.reader.join(timeout=driver.READER_JOIN_TIMEOUT_S)
 
+    def _say(self, line: str) -> None:
+        """A line on stdout, between the workers' lines (Horovod prints these there)."""
+        self._forwarder.write_line("stdout", line)
+
     @contextlib.contextmanager
     def _forwarding_signals(self):
-        """SIGINT/SIGTERM/SIGHUP end the job: the loop returns, workers are stopped."""
+        """SIGINT/SIGTERM/SIGHUP end the job: the loop returns, workers are stopped.
+        (Not in a thread other than the main one, which cannot take signals.)"""
         def handler(signum, _frame):
             self._signal = signum
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
         old = {s: signal.signal(s, handler) for s in driver.FORWARDED_SIGNALS}
         try:
             yield

@@ -5,7 +5,13 @@ Usage::
     horovodrun -np 4 [-H host1:2,host2:2 | --hostfile FILE] [--nics eth0]
                [--ssh-port 22] [--ssh-identity-file KEY] [--ssh-command CMD]
                [--start-timeout 30] [--verbose] [--log-level INFO]
-               [--disable-prefix] python train.py ...
+               [--disable-prefix] [engine and elastic options] python train.py ...
+
+Every option of Horovod's ``horovodrun`` is accepted (with its abbreviations):
+those that set an engine knob pass the knob's variable to the workers
+(``horovod_torch.config.KNOB_FLAGS``), the few that mean nothing here say so once
+on stderr; ``--config-file`` reads Horovod's YAML format. Words from the first one
+that is not an option (or after ``--``) are the worker command, never parsed.
 
 Workers of local hosts are started directly, those of other hosts over ssh
 (:mod:`horovod_torch.runner.remote`); :mod:`horovod_torch.runner.network`
@@ -24,101 +30,227 @@ import shlex
 import shutil
 import subprocess
 import sys
-from typing import Any, Dict, List, NoReturn, Optional, Sequence
+from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 from horovod_torch import config
 from horovod_torch.runner import driver, hosts, network, remote
 
 DEFAULT_START_TIMEOUT_S = 30
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
+# Defined by make_parser itself, with their own checks; listed in config.KNOB_FLAGS
+# for docs/config.md.
+_OWN_KNOB_OPTIONS = ("--start-timeout", "--log-level")
+
+EXTENSION_OPTIONS = frozenset({
+    "--nics", "--ssh-command", "--disable-prefix", "--slots",
+    "--stall-check-time-seconds", "--stall-shutdown-time-seconds"})
+"""Options of horovod_torch's horovodrun that Horovod's has not. An abbreviation that
+could also mean one of Horovod's options means Horovod's (``--disable`` is
+``--disable-cache``, as it is for Horovod)."""
 
 
 class _Parser(argparse.ArgumentParser):
-    """ArgumentParser whose errors are a single line on stderr."""
+    """ArgumentParser whose errors are a single line on stderr (or a ValueError,
+    for :func:`horovod_torch.runner.run`), which accepts unambiguous abbreviations
+    like Horovod's, and which never reads the worker command as its own options."""
+
+    raise_errors = False
 
     def error(self, message: str) -> NoReturn:
         """Print ``horovodrun: error: ...`` and exit with status 2."""
+        if self.raise_errors:
+            raise ValueError(message)
         self.exit(2, f"{self.prog}: error: {message} "
                      f"(see '{self.prog} --help')\n")
 
+    def _get_option_tuples(self, option_string):  # type: ignore[override]
+        """Abbreviations: one option reached through several of its names
+        (``--min`` for ``--min-np`` / ``--min-num-proc``) is not ambiguous, and
+        Horovod's options win over EXTENSION_OPTIONS."""
+        by_action: Dict[int, list] = {}
+        for tup in super()._get_option_tuples(option_string):
+            by_action.setdefault(id(tup[0]), []).append(tup)
+        if len(by_action) > 1:
+            horovods = {k: v for k, v in by_action.items()
+                        if any(t[1] not in EXTENSION_OPTIONS for t in v)}
+            if len(horovods) == 1:
+                by_action = horovods
+        return [tups[0] for tups in by_action.values()]
+
+    def command_start(self, argv: Sequence[str]) -> int:
+        """Index of the first word of the worker command in ``argv`` (or of ``--``):
+        the first word that is neither an option nor an option's value. The words
+        after it are not parsed: a worker's ``--lr`` is never taken as ours."""
+        i = 0
+        while i < len(argv):
+            word = argv[i]
+            if word == "--":
+                return i
+            found = self._parse_optional(word)
+            if found is None:
+                return i
+            if isinstance(found, list):  # Python >= 3.12.7: every reading of it
+                found = found[0]
+            action, explicit = found[0], found[-1]
+            i += 1
+            if action is None or explicit is not None:
+                continue  # unknown (argparse reports it) or --opt=value
+            if action.nargs is None:
+                i += 1
+            elif isinstance(action.nargs, int):
+                i += action.nargs
+        return len(argv)
+
+
+class _VersionAction(argparse.Action):
+    """``-v/--version``: print the version and exit (looked up only when asked)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        import horovod_torch  # pylint: disable=import-outside-toplevel
+        sys.stdout.write(f"{getattr(horovod_torch, '__version__', 'unknown')}\n")
+        sys.stdout.flush()
+        parser.exit(0)
+
+
+class _NicsAction(argparse.Action):
+    """--network-interface(s)/--nics: repeatable; the names add up (comma lists too)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        previous = getattr(namespace, self.dest, None)
+        setattr(namespace, self.dest, f"{previous},{values}" if previous else values)
+
+
+def _knob_dest(env: str) -> str:
+    return "env_" + env
+
 
 def make_parser() -> argparse.ArgumentParser:
-    """Build the ``horovodrun`` argument parser."""
+    """Build the ``horovodrun`` argument parser: Horovod's options, and a few more
+    (EXTENSION_OPTIONS). Options that have no effect here are accepted; parse_args
+    says so once on stderr."""
     parser = _Parser(
-        prog="horovodrun", allow_abbrev=False,
+        prog="horovodrun", allow_abbrev=True,
         description="Launch a horovod_torch training job on this machine or on "
                     "several hosts (started over ssh).")
+    parser.add_argument("-v", "--version", action=_VersionAction,
+                        help="print the version of horovod_torch and exit")
     parser.add_argument(
         "-np", "--num-proc", dest="num_proc", type=int, metavar="N",
-        help="total number of worker processes (required)")
+        help="total number of worker processes (required; in elastic mode the number "
+             "to start with)")
     parser.add_argument(
+        "-cb", "--check-build", dest="check_build", action="store_true",
+        help="show which frameworks, controllers and tensor operations "
+             "this build supports, then exit")
+    parser.add_argument(
+        "--start-timeout", dest="start_timeout", type=int, metavar="S",
+        help="seconds workers wait for rendezvous (default: "
+             f"$HOROVOD_START_TIMEOUT or {DEFAULT_START_TIMEOUT_S})")
+    parser.add_argument(
+        "--network-interfaces", "--network-interface", "--nics", dest="nics",
+        action=_NicsAction, metavar="IFACE[,IFACE]",
+        help="interface(s) for the rendezvous store and the workers' TCP mesh "
+             "(repeatable); the store listens on the first one's IPv4 address (default: "
+             "the route to the first remote host, or 127.0.0.1 with local hosts only)")
+    parser.add_argument(
+        "--output-filename", dest="output_filename", metavar="DIR",
+        help="also write each worker's output to DIR/rank.<rank>/stdout and stderr")
+    parser.add_argument(
+        "--verbose", action="store_true",
+        help="print the rank assignment and store address to stderr")
+    parser.add_argument(
+        "--config-file", dest="config_file", metavar="FILE",
+        help="YAML file of engine settings in Horovod's format (sections params, "
+             "autotune, timeline, stall_check, library_options, logging, and "
+             "controller); options given on the command line win")
+    parser.add_argument(
+        "--disable-cache", dest="disable_cache", action="store_true",
+        help="accepted for Horovod compatibility (horovodrun caches nothing)")
+    parser.add_argument(
+        "--disable-prefix", dest="disable_prefix", action="store_true",
+        help="do not prefix worker output lines with [rank]<stdout>:")
+    parser.add_argument(
+        "-prefix-timestamp", "--prefix-output-with-timestamp", dest="prefix_timestamp",
+        action="store_true", help="start every line of worker output with the time")
+
+    hosts_group = parser.add_argument_group("hosts")
+    hosts_group.add_argument(
         "-H", "--hosts", dest="hosts", metavar="HOST:SLOTS[,...]",
         help="hosts and their slot counts, e.g. host1:4,host2:4; ranks fill the "
              "hosts in this order (default: localhost:N)")
-    parser.add_argument(
-        "--hostfile", dest="hostfile", metavar="FILE",
+    hosts_group.add_argument(
+        "-hostfile", "--hostfile", dest="hostfile", metavar="FILE",
         help="file of hosts, one a line: 'host slots=N' or 'host:N' (# comments)")
-    parser.add_argument(
-        "--network-interface", "--nics", dest="nics", metavar="IFACE[,IFACE]",
-        help="interface(s) for the rendezvous store and the workers' TCP mesh; "
-             "the store listens on the first one's IPv4 address (default: the "
-             "route to the first remote host, or 127.0.0.1 with local hosts only)")
-    parser.add_argument(
-        "--ssh-port", dest="ssh_port", type=int, metavar="PORT",
+    hosts_group.add_argument(
+        "--host-discovery-script", dest="discovery", metavar="PATH",
+        help="executable printing the available hosts as host:slots lines; "
+             "enables elastic mode")
+
+    ssh = parser.add_argument_group("ssh")
+    ssh.add_argument(
+        "-p", "--ssh-port", dest="ssh_port", type=int, metavar="PORT",
         help="port of sshd on the remote hosts")
-    parser.add_argument(
-        "--ssh-identity-file", dest="ssh_identity_file", metavar="FILE",
+    ssh.add_argument(
+        "-i", "--ssh-identity-file", dest="ssh_identity_file", metavar="FILE",
         help="private key ssh uses to log in to the remote hosts")
-    parser.add_argument(
+    ssh.add_argument(
         "--ssh-command", dest="ssh_command", metavar="CMD",
         default=os.environ.get("HOROVOD_SSH_COMMAND") or None,
         help="command that replaces ssh to run workers on remote hosts, called as "
              "CMD HOST 'SHELL COMMAND' with the session's stdin connected "
              "(default: $HOROVOD_SSH_COMMAND, else 'ssh -o BatchMode=yes -o "
              "StrictHostKeyChecking=no')")
-    parser.add_argument(
-        "--start-timeout", dest="start_timeout", type=int, metavar="S",
-        help="seconds workers wait for rendezvous (default: "
-             f"$HOROVOD_START_TIMEOUT or {DEFAULT_START_TIMEOUT_S})")
-    parser.add_argument(
-        "--verbose", action="store_true",
-        help="print the rank assignment and store address to stderr")
-    parser.add_argument(
+
+    controller = parser.add_argument_group("controller")
+    controller.add_argument(
+        "--gloo", dest="use_gloo", action="store_true",
+        help="run over the TCP transport (Horovod's Gloo controller; the default)")
+    controller.add_argument(
+        "--mpi", dest="use_mpi", action="store_true",
+        help="start the workers with OpenMPI's mpirun; they run over MPI "
+             "(needs a build with MPI)")
+    controller.add_argument(
+        "--jsrun", dest="use_jsrun", action="store_true",
+        help="accepted for Horovod compatibility; IBM's jsrun is not supported and "
+             "the workers start as without it")
+    controller.add_argument(
+        "--mpi-args", dest="mpi_args", default="", metavar="ARGS",
+        help="extra arguments for mpirun, e.g. \"--mca btl self,tcp\"")
+    controller.add_argument(
+        "--binding-args", dest="binding_args", metavar="ARGS",
+        help="with --mpi: mpirun's process binding arguments (default: --bind-to none)")
+
+    knobs = parser.add_argument_group(
+        "engine knobs", "each sets a variable for every worker (docs/config.md)")
+    for knob in config.KNOB_FLAGS:
+        if knob.flags[0] in _OWN_KNOB_OPTIONS:
+            continue
+        dest = _knob_dest(knob.env)
+        if knob.kind is None:
+            knobs.add_argument(*knob.flags, dest=dest, action="store_const",
+                               const=knob.const,
+                               help=knob.help or f"sets {knob.env}={knob.const}")
+        else:
+            scaled = f" to {knob.metavar} * {knob.scale}" if knob.scale != 1 else ""
+            knobs.add_argument(*knob.flags, dest=dest, type=knob.kind, metavar=knob.metavar,
+                               help=knob.help or f"sets {knob.env}{scaled}")
+    knobs.add_argument(
         "--log-level", dest="log_level", type=str.upper, choices=LOG_LEVELS,
         metavar="LEVEL",
         help="set HOROVOD_LOG_LEVEL for workers: " + ", ".join(LOG_LEVELS))
-    parser.add_argument(
-        "--disable-prefix", dest="disable_prefix", action="store_true",
-        help="do not prefix worker output lines with [rank]<stdout>:")
-    parser.add_argument(
-        "--check-build", dest="check_build", action="store_true",
-        help="show which frameworks, controllers and tensor operations "
-             "this build supports, then exit")
-    knobs = parser.add_argument_group(
-        "engine knobs", "each sets a HOROVOD_* variable for every worker (docs/config.md)")
-    for flag, env, kind, metavar, scale in config.KNOB_FLAGS:
-        if flag in ("--start-timeout", "--log-level"):
-            continue  # defined above, with their own checks
-        dest = "knob_" + flag[2:].replace("-", "_")
-        if kind is None:
-            knobs.add_argument(flag, dest=dest, action="store_true", help=f"sets {env}=1")
-        else:
-            knobs.add_argument(flag, dest=dest, type=kind, metavar=metavar, help=f"sets {env}")
-    mpi = parser.add_argument_group("MPI")
-    mpi.add_argument("--mpi", dest="use_mpi", action="store_true",
-                     help="start the workers with OpenMPI's mpirun; they run over MPI "
-                          "(needs a build with MPI)")
-    mpi.add_argument("--mpi-args", dest="mpi_args", default="", metavar="ARGS",
-                     help="extra arguments for mpirun, e.g. \"--mca btl self,tcp\"")
-    elastic = parser.add_argument_group("elastic mode")
-    elastic.add_argument("--min-np", dest="min_np", type=int, metavar="N",
+
+    elastic = parser.add_argument_group(
+        "elastic mode", "on with --host-discovery-script or --min-np (then -H, --hostfile "
+        "or localhost are the fixed hosts)")
+    elastic.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int, metavar="N",
                          help="fewest workers the job may run with")
-    elastic.add_argument("--max-np", dest="max_np", type=int, metavar="N",
+    elastic.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int, metavar="N",
                          help="most workers the job may grow to")
-    elastic.add_argument("--host-discovery-script", dest="discovery", metavar="PATH",
-                         help="executable printing the available hosts as host:slots lines; "
-                              "enables elastic mode")
-    elastic.add_argument("--slots", type=int, default=1, metavar="K",
+    elastic.add_argument("--slots-per-host", "--slots", dest="slots_per_host", type=int, default=1,
+                         metavar="K",
                          help="slots of a discovered host that prints no count (default 1)")
     elastic.add_argument("--reset-limit", dest="reset_limit", type=int, default=0,
                          metavar="L", help="stop after L resets (default: no limit)")
@@ -127,31 +259,61 @@ def make_parser() -> argparse.ArgumentParser:
                          help="a failed host may be used again after a random LO..HI "
                               "seconds (default: never)")
     elastic.add_argument("--elastic-timeout", dest="elastic_timeout", type=float,
-                         default=600.0, metavar="T",
-                         help="seconds to wait for enough workers (default 600)")
+                         default=None, metavar="T",
+                         help="seconds to wait for enough workers (default: "
+                              "$HOROVOD_ELASTIC_TIMEOUT or 600)")
     parser.add_argument(
         "command", nargs=argparse.REMAINDER,
         help="command to run in every worker, e.g. python train.py")
     return parser
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    """Parse and validate ``argv``; exits with status 2 on any error."""
+def _notice(option: str, why: str) -> None:
+    """One line on stderr for an accepted option that does nothing here."""
+    driver.log(f"{option} has no effect in horovod_torch: {why}")
+
+
+def parse_args(argv: Optional[Sequence[str]] = None,
+               raise_errors: bool = False) -> argparse.Namespace:
+    """Parse and validate ``argv``; exits with status 2 on any error (raises
+    ValueError instead with ``raise_errors``)."""
     parser = make_parser()
-    args = parser.parse_args(argv)
-    if args.command and args.command[0] == "--":
-        args.command = args.command[1:]
+    parser.raise_errors = raise_errors
+    argv = list(sys.argv[1:] if argv is None else argv)
+    split = parser.command_start(argv)
+    args = parser.parse_args(argv[:split])
+    args.command = argv[split + 1:] if argv[split:split + 1] == ["--"] else argv[split:]
+    if args.config_file:
+        _apply_config_file(parser, args)
+    _check_knobs(parser, args)
     if args.check_build:
         return args
+    if sum(map(bool, (args.use_gloo, args.use_mpi, args.use_jsrun))) > 1:
+        parser.error("use at most one of --gloo, --mpi and --jsrun")
+    if args.disable_cache:
+        _notice("--disable-cache", "horovodrun keeps no cache of host checks")
+    if args.use_jsrun:
+        _notice("--jsrun", "IBM's jsrun is not supported; horovodrun starts the workers "
+                           "itself over the TCP transport")
+    if args.binding_args and not args.use_mpi:
+        _notice("--binding-args", "it applies to mpirun (--mpi) only; horovodrun binds "
+                                  "no processes")
     _check_remote_options(parser, args)
+    if args.elastic_timeout is None:
+        env_value = os.environ.get("HOROVOD_ELASTIC_TIMEOUT")
+        try:
+            args.elastic_timeout = float(env_value or 600)
+        except ValueError:
+            parser.error(f"invalid HOROVOD_ELASTIC_TIMEOUT: {env_value!r}")
 
-    if args.discovery:
+    if args.discovery or args.min_np is not None:
         if args.use_mpi:
-            parser.error("--mpi cannot be combined with elastic mode (--host-discovery-script); "
-                         "elastic jobs use the TCP transport")
+            parser.error("--mpi cannot be combined with elastic mode (--host-discovery-script "
+                         "or --min-np); elastic jobs use the TCP transport")
         return _check_elastic(parser, args)
-    if args.min_np is not None or args.max_np is not None:
-        parser.error("--min-np/--max-np need --host-discovery-script (elastic mode)")
+    if args.max_np is not None:
+        _notice("--max-np", "it applies to elastic jobs only (--min-np or "
+                            "--host-discovery-script)")
     if args.num_proc is None:
         parser.error("argument -np/--num-proc is required")
     if args.num_proc < 1:
@@ -159,15 +321,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                      f"got {args.num_proc}")
     if not args.command:
         parser.error("no command given to run in the workers")
-    if args.start_timeout is None:
-        env_value = os.environ.get("HOROVOD_START_TIMEOUT")
-        try:
-            args.start_timeout = (int(env_value) if env_value
-                                  else DEFAULT_START_TIMEOUT_S)
-        except ValueError:
-            parser.error(f"invalid HOROVOD_START_TIMEOUT: {env_value!r}")
-    if args.start_timeout <= 0:
-        parser.error(f"start timeout must be > 0, got {args.start_timeout}")
+    _check_start_timeout(parser, args)
 
     try:
         args.host_list = _host_list(args)
@@ -178,6 +332,131 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     except ValueError as exc:
         parser.error(str(exc))
     return args
+
+
+def _check_start_timeout(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.start_timeout is None:
+        env_value = os.environ.get("HOROVOD_START_TIMEOUT")
+        try:
+            args.start_timeout = (int(env_value) if env_value
+                                  else DEFAULT_START_TIMEOUT_S)
+        except ValueError:
+            parser.error(f"invalid HOROVOD_START_TIMEOUT: {env_value!r}")
+    if args.start_timeout <= 0:
+        parser.error(f"start timeout must be > 0, got {args.start_timeout}")
+
+
+# --config-file: Horovod's YAML sections and keys -> (variable, how a value becomes
+# the variable's value: "value" as given (converted like the option), "bool" 1/0,
+# "not" 0/1).
+_CONFIG_KEYS: Dict[Tuple[str, str], Tuple[str, str]] = {
+    ("params", "fusion_threshold_mb"): ("HOROVOD_FUSION_THRESHOLD", "value"),
+    ("params", "cycle_time_ms"): ("HOROVOD_CYCLE_TIME", "value"),
+    ("params", "cache_capacity"): ("HOROVOD_CACHE_CAPACITY", "value"),
+    ("params", "hierarchical_allreduce"): ("HOROVOD_HIERARCHICAL_ALLREDUCE", "bool"),
+    ("params", "hierarchical_allgather"): ("HOROVOD_HIERARCHICAL_ALLGATHER", "bool"),
+    ("params", "torus_allreduce"): ("HOROVOD_TORUS_ALLREDUCE", "bool"),
+    ("autotune", "enabled"): ("HOROVOD_AUTOTUNE", "bool"),
+    ("autotune", "log_file"): ("HOROVOD_AUTOTUNE_LOG", "value"),
+    ("autotune", "warmup_samples"): ("HOROVOD_AUTOTUNE_WARMUP_SAMPLES", "value"),
+    ("autotune", "steps_per_sample"): ("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "value"),
+    ("autotune", "bayes_opt_max_samples"): ("HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "value"),
+    ("autotune", "gaussian_process_noise"): ("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
+                                             "value"),
+    ("timeline", "filename"): ("HOROVOD_TIMELINE", "value"),
+    ("timeline", "mark_cycles"): ("HOROVOD_TIMELINE_MARK_CYCLES", "bool"),
+    ("stall_check", "enabled"): ("HOROVOD_STALL_CHECK_DISABLE", "not"),
+    ("stall_check", "warning_time_seconds"): ("HOROVOD_STALL_CHECK_TIME_SECONDS", "value"),
+    ("stall_check", "shutdown_time_seconds"): ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "value"),
+    ("library_options", "mpi_threads_disable"): ("HOROVOD_MPI_THREADS_DISABLE", "bool"),
+    ("library_options", "num_nccl_streams"): ("HOROVOD_NUM_NCCL_STREAMS", "value"),
+    ("library_options", "thread_affinity"): ("HOROVOD_THREAD_AFFINITY", "value"),
+    ("library_options", "gloo_timeout_seconds"): ("HOROVOD_GLOO_TIMEOUT_SECONDS", "value"),
+    ("logging", "with_timestamp"): ("HOROVOD_LOG_HIDE_TIME", "not"),
+    ("logging", "hide_timestamp"): ("HOROVOD_LOG_HIDE_TIME", "bool"),
+}
+
+
+_CONFIG_SECTIONS = frozenset(section for section, _ in _CONFIG_KEYS)
+
+
+def _value_knob(env: str) -> Optional[config.KnobFlag]:
+    return next((k for k in config.KNOB_FLAGS if k.env == env and k.kind is not None), None)
+
+
+def _apply_config_file(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--config-file: fills in what the command line left unset (Horovod's rule)."""
+    where = f"--config-file {args.config_file}"
+    try:
+        import yaml  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        parser.error(f"{where} needs PyYAML, which is not installed "
+                     "(pip install pyyaml)")
+    try:
+        with open(args.config_file, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as exc:
+        parser.error(f"cannot read {where}: {exc.strerror}")
+    except yaml.YAMLError as exc:
+        parser.error(f"{where} is not valid YAML: {' '.join(str(exc).split())}")
+    if data is None:
+        return
+    if not isinstance(data, dict):
+        parser.error(f"{where}: expected a mapping of sections, got {type(data).__name__}")
+    unknown = []
+    for section, body in data.items():
+        if section == "controller":
+            name = str(body).lower()
+            if name not in ("gloo", "mpi"):
+                parser.error(f"{where}: no such controller: {body!r} (gloo or mpi)")
+            if not (args.use_gloo or args.use_mpi or args.use_jsrun):
+                args.use_gloo, args.use_mpi = name == "gloo", name == "mpi"
+            continue
+        if not isinstance(body, dict) or section not in _CONFIG_SECTIONS:
+            unknown.append(str(section))
+            continue
+        for key, value in body.items():
+            if (section, key) == ("logging", "level"):
+                level = str(value).upper()
+                if level not in LOG_LEVELS:
+                    parser.error(f"{where}: logging.level {value!r} is not one of "
+                                 + ", ".join(LOG_LEVELS))
+                args.log_level = args.log_level or level
+                continue
+            target = _CONFIG_KEYS.get((section, key))
+            if target is None:
+                unknown.append(f"{section}.{key}")
+                continue
+            env, how = target
+            dest = _knob_dest(env)
+            if value is None or getattr(args, dest, None) is not None:
+                continue  # the command line wins
+            if how == "value":
+                knob = _value_knob(env)
+                assert knob is not None and knob.kind is not None
+                try:
+                    value = knob.kind(value)
+                except (TypeError, ValueError):
+                    parser.error(f"{where}: {section}.{key} {value!r} is not "
+                                 f"{'an integer' if knob.kind is int else 'a number'}")
+            else:
+                value = "1" if bool(value) == (how == "bool") else "0"
+            setattr(args, dest, value)
+    if unknown:
+        driver.log(f"{where}: ignoring unknown setting(s): {', '.join(unknown)}")
+
+
+def _check_knobs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Horovod's checks: numeric engine settings are >= 0, the noise in [0, 1]."""
+    for knob in config.KNOB_FLAGS:
+        if knob.kind not in (int, float) or knob.flags[0] in _OWN_KNOB_OPTIONS:
+            continue
+        value = getattr(args, _knob_dest(knob.env), None)
+        if value is not None and value < 0:
+            parser.error(f"{knob.flags[0]} must be >= 0, got {value}")
+    noise = getattr(args, _knob_dest("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE"), None)
+    if noise is not None and not 0 <= noise <= 1:
+        parser.error(f"--autotune-gaussian-process-noise must be in [0, 1], got {noise}")
 
 
 def _host_list(args: argparse.Namespace) -> List[hosts.HostInfo]:
@@ -201,7 +480,7 @@ def _check_remote_options(parser: argparse.ArgumentParser,
     args.nic_list = None
     if args.nics is not None:
         try:
-            args.nic_list = network.parse_nics(args.nics)
+            args.nic_list = list(dict.fromkeys(network.parse_nics(args.nics)))
         except ValueError as exc:
             parser.error(str(exc))
     if args.ssh_port is not None and not 0 < args.ssh_port < 65536:
@@ -231,22 +510,35 @@ def _remote_exec(args: argparse.Namespace) -> remote.RemoteExec:
 
 def _check_elastic(parser: argparse.ArgumentParser,
                    args: argparse.Namespace) -> argparse.Namespace:
-    """Validates the elastic-mode flags."""
+    """Validates the elastic-mode flags. Without --host-discovery-script the hosts are
+    fixed: -H, --hostfile, or this machine with max(-np, --max-np) slots."""
     if not args.command:
         parser.error("no command given to run in the workers")
-    if not os.access(args.discovery, os.X_OK):
-        parser.error(f"--host-discovery-script {args.discovery!r} is not an executable file")
     args.min_np = args.min_np or args.num_proc or 1
     args.max_np = args.max_np or max(args.num_proc or 0, args.min_np)
     args.num_proc = args.num_proc or args.min_np
     if not 1 <= args.min_np <= args.num_proc <= args.max_np:
         parser.error(f"need 1 <= --min-np ({args.min_np}) <= -np ({args.num_proc}) <= "
                      f"--max-np ({args.max_np})")
+    args.fixed_hosts = None
+    if args.discovery:
+        if args.hosts or args.hostfile:
+            parser.error("use one of -H/--hosts, --hostfile and --host-discovery-script")
+        if not os.access(args.discovery, os.X_OK):
+            parser.error(f"--host-discovery-script {args.discovery!r} is not an "
+                         "executable file")
+    else:
+        try:
+            if not (args.hosts or args.hostfile):
+                args.hosts = f"localhost:{args.max_np}"
+            args.fixed_hosts = {h.hostname: h.slots for h in _host_list(args)}
+        except ValueError as exc:
+            parser.error(str(exc))
+    if args.slots_per_host < 1:
+        parser.error(f"--slots-per-host must be >= 1, got {args.slots_per_host}")
     if args.cooldown and not 0 <= args.cooldown[0] <= args.cooldown[1]:
         parser.error("--blacklist-cooldown-range needs 0 <= LO <= HI")
-    if args.start_timeout is None:
-        args.start_timeout = int(os.environ.get("HOROVOD_START_TIMEOUT") or
-                                 DEFAULT_START_TIMEOUT_S)
+    _check_start_timeout(parser, args)
     return args
 
 
@@ -270,17 +562,20 @@ def _start_job(args: argparse.Namespace, local_command: bool = True,
 
 def _elastic_store_address(args: argparse.Namespace) -> Optional[str]:
     """Store address of an elastic job: --nics, else the route to the first remote
-    host the discovery script lists now, else loopback (remote hosts found later
-    are then refused: they could not reach the store)."""
+    host the discovery script lists now (or of the fixed hosts), else loopback
+    (remote hosts found later are then refused: they could not reach the store)."""
     from horovod_torch.runner.elastic_driver import discover_hosts
     try:
         if args.nic_list:
             return network.store_address(args.nic_list, [])
-        try:
-            found = discover_hosts(args.discovery, args.slots)
-        except (OSError, ValueError) as exc:
-            driver.log(f"host discovery failed: {exc}")
-            found = {}
+        if args.fixed_hosts is not None:
+            found = dict(args.fixed_hosts)
+        else:
+            try:
+                found = discover_hosts(args.discovery, args.slots_per_host)
+            except (OSError, ValueError) as exc:
+                driver.log(f"host discovery failed: {exc}")
+                found = {}
         remote_hosts = [h for h in found if not hosts.is_local_host(h)]
         return network.store_address(None, remote_hosts)
     except ValueError as exc:
@@ -288,11 +583,33 @@ def _elastic_store_address(args: argparse.Namespace) -> Optional[str]:
         return None
 
 
+def store_address(args: argparse.Namespace) -> Optional[str]:
+    """The address workers reach this machine at (the rendezvous store's), or None
+    after saying why on stderr. Computed once; run_* use it."""
+    if getattr(args, "store_addr", None) is None:
+        args.store_addr = _elastic_store_address(args)
+    return args.store_addr
+
+
+def _output_forwarder(args: argparse.Namespace, ranks: int) -> driver.OutputForwarder:
+    """Worker output goes to our stdout/stderr, prefixed unless --disable-prefix, with
+    the time with --prefix-output-with-timestamp, and into --output-filename DIR."""
+    return driver.OutputForwarder(
+        _binary(sys.stdout), prefix=not args.disable_prefix,
+        err_stream=_binary(sys.stderr), timestamp=args.prefix_timestamp,
+        output_dir=args.output_filename, ranks=ranks)
+
+
+def _binary(stream: Any) -> Any:
+    """The byte stream under a text stream, or an adapter (Jupyter's have none)."""
+    buffer = getattr(stream, "buffer", None)
+    return buffer if buffer is not None else driver.TextSink(stream)
+
+
 def run_elastic(args: argparse.Namespace) -> int:
     """Run an elastic job under the ElasticDriver."""
     from horovod_torch.runner.elastic_driver import ElasticDriver, ElasticOptions
-    args.store_addr = _elastic_store_address(args)
-    if args.store_addr is None:
+    if store_address(args) is None:
         return 1
     remote_exec = None
     if args.store_addr != network.LOOPBACK:
@@ -307,12 +624,10 @@ def run_elastic(args: argparse.Namespace) -> int:
     secret, server = started
     port = int(server.port())
 
-    def env_for(worker_id: str, host: str, index: int) -> Dict[str, str]:
-        slot = hosts.SlotInfo(host, 0, 0, 0, 1, 1, 1)
+    def env_for(worker_id: str, slot: hosts.SlotInfo) -> Dict[str, str]:
+        # HOROVOD_RANK & co. are the rank the worker is started for, as in Horovod;
+        # hvd.init() of an elastic worker takes its rank from the store instead.
         env = _worker_env(slot, args, port, secret)
-        for k in ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
-                  "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE"):
-            env.pop(k, None)
         # A joining worker waits at rendezvous until the survivors reach their next
         # commit: give it the elastic timeout, not the start timeout.
         env["HOROVOD_START_TIMEOUT"] = str(max(float(args.start_timeout), args.elastic_timeout))
@@ -322,19 +637,19 @@ def run_elastic(args: argparse.Namespace) -> int:
         return env
 
     opts = ElasticOptions(num_proc=args.num_proc, min_np=args.min_np, max_np=args.max_np,
-                          discovery_script=args.discovery, slots=args.slots,
-                          reset_limit=args.reset_limit,
+                          discovery_script=args.discovery, slots=args.slots_per_host,
+                          fixed_hosts=args.fixed_hosts, reset_limit=args.reset_limit,
                           cooldown=tuple(args.cooldown) if args.cooldown else None,
                           elastic_timeout=args.elastic_timeout, verbose=args.verbose,
                           start_timeout=float(args.start_timeout))
     if args.verbose:
         driver.log(f"rendezvous store at {args.store_addr}:{port}")
+    spawner = driver.HostSpawner(remote_exec)
     try:
         return ElasticDriver(opts, server, args.command, env_for,
-                             driver.OutputForwarder(sys.stdout.buffer,
-                                                    prefix=not args.disable_prefix),
-                             spawner=driver.HostSpawner(remote_exec)).run()
+                             _output_forwarder(args, args.max_np), spawner=spawner).run()
     finally:
+        spawner.close()
         server.stop()
 
 
@@ -387,21 +702,25 @@ def _worker_env(slot: hosts.SlotInfo, args: argparse.Namespace,
         "PYTHONUNBUFFERED": "1",
     })
     env.update(_knob_env(args))
+    env.update(getattr(args, "extra_env", None) or {})
     return env
 
 
 def _knob_env(args: argparse.Namespace) -> Dict[str, str]:
-    """The HOROVOD_* variables set by engine-knob flags (and --log-level)."""
+    """The variables set by engine-knob options (and --log-level, --config-file)."""
     env = {}
-    for flag, var, kind, metavar, scale in config.KNOB_FLAGS:
-        if flag in ("--start-timeout", "--log-level"):
+    for knob in config.KNOB_FLAGS:
+        if knob.flags[0] in _OWN_KNOB_OPTIONS or knob.env in env:
             continue
-        value = getattr(args, "knob_" + flag[2:].replace("-", "_"), None)
-        if kind is None:
-            if value:
-                env[var] = "1"
-        elif value is not None:
-            env[var] = str(value * scale) if scale != 1 else str(value)
+        value = getattr(args, _knob_dest(knob.env), None)
+        if value is None:
+            continue
+        value_knob = _value_knob(knob.env)
+        if isinstance(value, str) and (value_knob is None or value_knob.kind is not str):
+            env[knob.env] = value  # a switch's constant
+        else:
+            assert value_knob is not None
+            env[knob.env] = str(value * value_knob.scale if value_knob.scale != 1 else value)
     if args.log_level:
         env["HOROVOD_LOG_LEVEL"] = args.log_level
     return env
@@ -419,16 +738,27 @@ def run_mpi(args: argparse.Namespace) -> int:
                    "and rebuild, or run without --mpi (TCP transport)")
         return 2
     hosts_arg = ",".join(f"{h.hostname}:{h.slots}" for h in args.host_list)
+    extra = {**_knob_env(args), **(getattr(args, "extra_env", None) or {})}
     env = dict(os.environ, HOROVOD_CONTROLLER="mpi",
-               HOROVOD_START_TIMEOUT=str(args.start_timeout), **_knob_env(args))
-    exported = ["HOROVOD_CONTROLLER", "HOROVOD_START_TIMEOUT", *_knob_env(args),
+               HOROVOD_START_TIMEOUT=str(args.start_timeout), **extra)
+    exported = ["HOROVOD_CONTROLLER", "HOROVOD_START_TIMEOUT", *extra,
                 *[k for k in ("PYTHONPATH", "PATH", "LD_LIBRARY_PATH") if k in os.environ]]
-    cmd = ["mpirun", "-np", str(args.num_proc), "-H", hosts_arg, "--bind-to", "none",
-           "--oversubscribe"]
+    binding = shlex.split(args.binding_args) if args.binding_args else ["--bind-to", "none"]
+    cmd = ["mpirun", "-np", str(args.num_proc), "-H", hosts_arg, *binding, "--oversubscribe"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
     if not args.disable_prefix:
         cmd.append("--tag-output")
+    if args.prefix_timestamp:
+        cmd.append("--timestamp-output")
+    if args.output_filename:
+        cmd += ["--output-filename", args.output_filename]
+    if args.nic_list:
+        cmd += ["--mca", "btl_tcp_if_include", ",".join(args.nic_list)]
+    ssh_args = (([f"-p {args.ssh_port}"] if args.ssh_port else []) +
+                ([f"-i {args.ssh_identity_file}"] if args.ssh_identity_file else []))
+    if ssh_args:
+        cmd += ["--mca", "plm_rsh_args", " ".join(ssh_args)]
     for k in exported:
         cmd += ["-x", k]
     cmd += shlex.split(args.mpi_args) + list(args.command)
@@ -458,6 +788,7 @@ def run_static(args: argparse.Namespace) -> int:
     if isinstance(started, int):
         return started
     secret, server = started
+    spawner = driver.HostSpawner(remote_exec)
     try:
         port = int(server.port())
         if args.verbose:
@@ -466,24 +797,26 @@ def run_static(args: argparse.Namespace) -> int:
             jobs=args.slots,
             env_for=lambda slot: _worker_env(slot, args, port, secret),
             command=args.command,
-            spawner=driver.HostSpawner(remote_exec),
-            forwarder=driver.OutputForwarder(
-                sys.stdout.buffer, prefix=not args.disable_prefix),
+            spawner=spawner,
+            forwarder=_output_forwarder(args, args.num_proc),
             start_timeout_s=float(args.start_timeout))
         return supervisor.run()
     finally:
+        spawner.close()
         server.stop()
 
 
-def run(args: argparse.Namespace) -> int:
-    """Dispatch on the parsed arguments; the extension point for new modes.
+def is_elastic(args: argparse.Namespace) -> bool:
+    """Elastic mode: a host discovery script or --min-np (Horovod's rule)."""
+    return bool(getattr(args, "discovery", None)) or getattr(args, "fixed_hosts", None) \
+        is not None
 
-    Elastic mode (``--min-np/--max-np/--host-discovery-script``) will be
-    selected here and get its own ``run_elastic(args)``.
-    """
+
+def run(args: argparse.Namespace) -> int:
+    """Dispatch on the parsed arguments: --check-build, elastic, --mpi or static."""
     if args.check_build:
         return check_build()
-    if args.discovery:
+    if is_elastic(args):
         return run_elastic(args)
     if args.use_mpi:
         return run_mpi(args)
@@ -494,6 +827,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Console-script entry point; returns the process exit code."""
     args = parse_args(argv)
     return run(args)
+
+
+def run_commandline() -> None:
+    """Horovod's name of the entry point: runs ``horovodrun`` with ``sys.argv`` and
+    exits with the job's code if that is not 0."""
+    code = main()
+    if code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":
