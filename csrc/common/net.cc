@@ -257,13 +257,15 @@ Status ServerHandshake(int fd, const std::string& secret, double timeout_s, std:
 }
 
 Status ClientHandshake(int fd, const std::string& secret, const std::string& tag,
-                       double timeout_s) {
+                       double timeout_s, bool* rejected) {
+  if (rejected != nullptr) *rejected = false;
   std::string nonce;
   HVD_RETURN_IF_ERROR(RecvFrame(fd, &nonce, timeout_s, kMaxHandshakeFrame));
   HVD_RETURN_IF_ERROR(SendFrame(fd, Sha256(secret + nonce + tag) + tag, timeout_s));
   std::string verdict;
   HVD_RETURN_IF_ERROR(RecvFrame(fd, &verdict, timeout_s, kMaxHandshakeFrame));
   if (verdict != "Y") {
+    if (rejected != nullptr) *rejected = true;
     return Status::Aborted(
         "the peer rejected our job secret: HOROVOD_SECRET differs from the launcher's");
   }

@@ -66,8 +66,10 @@ Status ServerHandshake(int fd, const std::string& secret, double timeout_s, std:
 std::string HandshakeNonce();
 bool HandshakeReplyValid(const std::string& secret, const std::string& nonce,
                          const std::string& reply, std::string* tag);
+// *rejected (if given) tells a verdict of "N" (a wrong secret: retrying cannot help)
+// from a connection lost or timed out before the verdict.
 Status ClientHandshake(int fd, const std::string& secret, const std::string& tag,
-                       double timeout_s);
+                       double timeout_s, bool* rejected = nullptr);
 
 // Puts the socket into non-blocking mode and disables Nagle.
 void TuneForData(int fd);

@@ -599,12 +599,16 @@ PYBIND11_MODULE(_C, m) {
   m.attr("OP_REMOVE_PROCESS_SET") = static_cast<int>(OpType::kRemoveProcessSet);
 
   py::class_<StoreServer>(m, "StoreServer")
-      .def(py::init([](const std::string& host, int port, const std::string& secret) {
-             auto s = std::make_unique<StoreServer>(host, port, secret);
+      .def(py::init([](const std::string& host, int port, const std::string& secret,
+                       uint64_t max_frame) {
+             StoreOptions options;
+             options.max_frame = max_frame;  // requests above it are refused
+             auto s = std::make_unique<StoreServer>(host, port, secret, options);
              if (!s->status().ok()) throw std::runtime_error(s->status().message());
              return s;
            }),
-           py::arg("host"), py::arg("port"), py::arg("secret"))
+           py::arg("host"), py::arg("port"), py::arg("secret"),
+           py::arg("max_frame") = kStoreMaxFrame)
       .def("port", &StoreServer::port)
       .def("set", [](StoreServer& s, const std::string& k, const py::bytes& v) { s.Set(k, v); })
       .def("get",
@@ -640,8 +644,12 @@ PYBIND11_MODULE(_C, m) {
       .def("set",
            [](StoreClient& c, const std::string& k, const py::bytes& v) {
              std::string value = v;
-             py::gil_scoped_release nogil;
-             Status st = c.Set(k, value);
+             Status st;
+             {
+               py::gil_scoped_release nogil;
+               st = c.Set(k, value);
+             }
+             if (st.code() == StatusCode::kInvalidArgument) throw py::value_error(st.message());
              if (!st.ok()) throw std::runtime_error(st.message());
            })
       .def("get",

@@ -1,9 +1,11 @@
 // The rendezvous store: a small authenticated key/value server that the launcher
 // runs and every worker talks to, to find its peers and to re-form after a reset.
 //
-// Threading: StoreServer runs one accept thread plus one thread per client
-// connection; its public methods may be called from any thread. StoreClient keeps
-// one connection and serialises calls with a mutex, so it may be shared.
+// Threading: StoreServer runs one accept thread, which also runs every handshake
+// (non-blocking, at most StoreOptions::max_pending_handshakes at a time), plus one
+// thread per authenticated client connection; its public methods may be called from
+// any thread. StoreClient keeps one connection and serialises calls with a mutex, so
+// it may be shared.
 #pragma once
 
 #include <atomic>
@@ -21,10 +23,36 @@
 
 namespace hvd {
 
+// Largest request frame (opcode, key and value together) the rendezvous store takes
+// by default: its keys and values are addresses, counters and error messages, far
+// below this. A store that carries more (horovod.run's function and return values)
+// is built with a larger StoreOptions::max_frame.
+constexpr uint64_t kStoreMaxFrame = 4ull << 20;
+// The largest max_frame there can be: a value's length is a u32 on the wire.
+constexpr uint64_t kStoreMaxFrameLimit = (1ull << 32) + 64;
+
+struct StoreOptions {
+  // Requests longer than this are refused before anything is allocated: the client
+  // gets an InvalidArgument error without sending (it learns the limit when it
+  // connects); a connection that sends one anyway is closed. Clamped to
+  // [4096, kStoreMaxFrameLimit].
+  uint64_t max_frame = kStoreMaxFrame;
+  // Connections still in the job-secret handshake. One more pushes out the oldest,
+  // so idle connections cannot lock honest clients out (their handshake takes one
+  // round trip), and hold no thread.
+  int max_pending_handshakes = 64;
+  // A connection that has not completed the handshake within this is closed.
+  double handshake_timeout_s = 5.0;
+  // Rejected handshakes: the first is logged at once, later ones as one line with
+  // a count per interval.
+  double log_interval_s = 10.0;
+};
+
 class StoreServer {
  public:
   // Binds host:port (0 = any free port) and starts serving. Check status().
-  StoreServer(const std::string& host, int port, std::string secret);
+  StoreServer(const std::string& host, int port, std::string secret,
+              StoreOptions options = StoreOptions());
   ~StoreServer();
 
   const Status& status() const { return status_; }
@@ -37,20 +65,43 @@ class StoreServer {
   // is not an integer.
   bool Add(const std::string& key, int64_t delta, int64_t* result);
   void Stop();
+  // Authenticated connections being served.
   size_t num_connections();
+  // Connections still in the handshake (for tests).
+  size_t num_pending_handshakes() const { return num_pending_.load(); }
+  uint64_t max_frame() const { return options_.max_frame; }
 
  private:
+  struct Pending;
+  enum class Reject { kWrongSecret, kMalformed, kTooSlow, kPushedOut, kCount };
+
   void AcceptLoop();
+  void AcceptWaiting(std::vector<Pending>* pending);
+  // Reads what pending[i] sent; false once it is finished (authenticated and handed
+  // to a thread of its own, or rejected).
+  bool Advance(Pending* p);
+  void StartServing(Socket sock);
   void Serve(uint64_t id, std::shared_ptr<Socket> conn);
   void ReapFinished();
   std::string Handle(const std::string& request);
+  // Rate-limited logging of rejected handshakes (accept thread only).
+  void NoteRejected(Reject why, const std::string& peer);
+  void FlushRejectLog(bool final);
 
   std::string secret_;
+  StoreOptions options_;
   Status status_;
   int port_ = 0;
   Socket listener_;
   std::thread accept_thread_;
   std::atomic<bool> stopping_{false};
+  std::atomic<size_t> num_pending_{0};
+
+  // Accept thread only: the reject log's current interval.
+  bool reject_window_open_ = false;
+  Clock::time_point reject_window_start_;
+  uint64_t rejected_[static_cast<int>(Reject::kCount)] = {};
+  std::string last_rejected_peer_;
 
   std::mutex mu_;
   std::condition_variable cv_;                      // signalled on every Set/Add
@@ -65,7 +116,9 @@ class StoreServer {
 
 class StoreClient {
  public:
-  // Connects and authenticates, retrying until timeout_s.
+  // Connects and authenticates, retrying until timeout_s (a refused connection, or
+  // one the server dropped before its verdict, e.g. while it was flooded; a wrong
+  // secret fails at once).
   static Status Connect(const std::string& host, int port, const std::string& secret,
                         double timeout_s, std::unique_ptr<StoreClient>* out);
 
@@ -84,6 +137,7 @@ class StoreClient {
 
   std::mutex mu_;
   Socket sock_;  // GUARDED_BY(mu_)
+  uint64_t max_frame_ = kStoreMaxFrame;  // the server's, learned at Connect
 };
 
 }  // namespace hvd

@@ -152,7 +152,7 @@ def run(func: Callable[..., Any],
     payload = dumps((func, tuple(args), dict(kwargs or {})))
     from horovod_torch import _C  # pylint: disable=import-outside-toplevel
     secret = secrets.token_hex(16)
-    server = _C.StoreServer(addr, 0, secret)
+    server = _C.StoreServer(addr, 0, secret, max_frame=1 << 32)  # the values: up to 4 GiB
     try:
         server.set(KEY_FUNC, payload)
         job.extra_env = {ENV_ADDR: addr, ENV_PORT: str(server.port()), ENV_SECRET: secret}

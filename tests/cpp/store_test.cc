@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <dirent.h>
+#include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 
@@ -344,6 +345,189 @@ TEST(StoreDeathTest, UnauthenticatedHugeFrameDoesNotCrashServer) {
         _exit(0);
       },
       ::testing::ExitedWithCode(0), "");
+}
+
+int Threads() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n;
+}
+
+// Reads whatever `fd` has; true once the peer has closed (EOF or reset), false if it
+// is still open after `within` seconds.
+bool ClosedByPeer(int fd, double within) {
+  auto t0 = std::chrono::steady_clock::now();
+  char buf[256];
+  while (SecondsSince(t0) < within) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 50) <= 0) continue;
+    ssize_t n = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return true;
+  }
+  return false;
+}
+
+int CountOf(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// Issue #21 (3): a request frame above the store's cap is refused before anything is
+// allocated. The client says so without sending (it learnt the cap at Connect) and
+// its connection stays usable; a peer that sends such a header anyway is cut off at
+// once (before, the server allocated the length it was told, up to 4 GiB, and
+// waited for the bytes).
+TEST(Store, RequestsAboveTheFrameCapAreRefusedBeforeAllocating) {
+  Watchdog wd(30, "Store.RequestsAboveTheFrameCapAreRefusedBeforeAllocating");
+  StoreOptions options;
+  options.max_frame = 64 << 10;
+  StoreServer server("127.0.0.1", 0, kSecret, options);
+  HVD_ASSERT_OK(server.status());
+  auto c = ConnectClient(server);
+  ASSERT_TRUE(c);
+  Status st = c->Set("big", std::string(100 << 10, 'x'));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.message();
+  EXPECT_NE(st.message().find("'big' is 102400 bytes"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("at most 65536 bytes"), std::string::npos) << st.message();
+  std::string v;
+  EXPECT_FALSE(server.Get("big", &v));
+  HVD_EXPECT_OK(c->Set("fits", std::string(60 << 10, 'y')));  // the connection still works
+  HVD_EXPECT_OK(c->Get("fits", 1.0, &v));
+  EXPECT_EQ(v.size(), 60u << 10);
+
+  Socket s;  // an authenticated peer that claims a 1 GiB request
+  HVD_ASSERT_OK(Connect("127.0.0.1", server.port(), 5, &s));
+  HVD_ASSERT_OK(ClientHandshake(s.fd(), kSecret, "store", 5));
+  uint64_t huge = 1ull << 30;
+  HVD_ASSERT_OK(SendAll(s.fd(), &huge, 8, 5));
+  EXPECT_TRUE(ClosedByPeer(s.fd(), 3.0)) << "the server waited for a 1 GiB request";
+  HVD_EXPECT_OK(c->Set("after", "1"));
+}
+
+// The rendezvous store's default cap takes its values (addresses, counters, error
+// messages; 1 MB here) and refuses 5 MB; a store built with a larger cap (horovod.run's)
+// takes it, and its clients learn the larger cap.
+TEST(Store, DefaultCapAndALargerOne) {
+  Watchdog wd(30, "Store.DefaultCapAndALargerOne");
+  StoreServer plain("127.0.0.1", 0, kSecret);
+  HVD_ASSERT_OK(plain.status());
+  EXPECT_EQ(plain.max_frame(), kStoreMaxFrame);
+  auto c = ConnectClient(plain);
+  ASSERT_TRUE(c);
+  HVD_EXPECT_OK(c->Set("1MB", std::string(1 << 20, 'a')));
+  EXPECT_EQ(c->Set("5MB", std::string(5 << 20, 'b')).code(), StatusCode::kInvalidArgument);
+
+  StoreOptions options;
+  options.max_frame = 16 << 20;
+  StoreServer large("127.0.0.1", 0, kSecret, options);
+  HVD_ASSERT_OK(large.status());
+  auto d = ConnectClient(large);
+  ASSERT_TRUE(d);
+  std::string big(5 << 20, 'b'), v;
+  big[12345] = 'q';
+  HVD_EXPECT_OK(d->Set("5MB", big));
+  HVD_EXPECT_OK(d->Get("5MB", 1.0, &v));
+  EXPECT_TRUE(v == big);
+}
+
+// Issue #21 (4): connections that never authenticate cost no thread, at most
+// max_pending_handshakes of them are kept, each for handshake_timeout_s, and honest
+// clients (connected before or during the flood) are served without delay. Before,
+// each got a thread of its own for 10 s.
+TEST(Store, IdleUnauthenticatedConnectionsAreBounded) {
+  Watchdog wd(60, "Store.IdleUnauthenticatedConnectionsAreBounded");
+  StoreOptions options;
+  options.max_pending_handshakes = 16;
+  options.handshake_timeout_s = 1.0;
+  StoreServer server("127.0.0.1", 0, kSecret, options);
+  HVD_ASSERT_OK(server.status());
+  auto early = ConnectClient(server);
+  ASSERT_TRUE(early);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const int threads_before = Threads();
+  std::vector<Socket> idle(300);
+  for (auto& s : idle) HVD_ASSERT_OK(Connect("127.0.0.1", server.port(), 5, &s));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_LE(Threads(), threads_before + 2);
+  EXPECT_LE(server.num_pending_handshakes(), 16u);
+
+  auto t0 = std::chrono::steady_clock::now();
+  std::string v;
+  HVD_EXPECT_OK(early->Set("k", "v"));
+  HVD_EXPECT_OK(early->Get("k", 1.0, &v));
+  EXPECT_LT(SecondsSince(t0), 0.5);
+  t0 = std::chrono::steady_clock::now();
+  auto late = ConnectClient(server);
+  ASSERT_TRUE(late);
+  HVD_EXPECT_OK(late->Get("k", 1.0, &v));
+  EXPECT_LT(SecondsSince(t0), 1.0);
+
+  int closed = 0;  // all of them, within the handshake deadline (1 s) and some slack
+  for (auto& s : idle) closed += ClosedByPeer(s.fd(), 3.0);
+  EXPECT_EQ(closed, 300);
+  EXPECT_EQ(server.num_pending_handshakes(), 0u);
+  EXPECT_EQ(server.num_connections(), 2u);
+}
+
+TEST(Store, SlowHandshakeIsDroppedAtItsDeadline) {
+  Watchdog wd(30, "Store.SlowHandshakeIsDroppedAtItsDeadline");
+  StoreOptions options;
+  options.handshake_timeout_s = 0.5;
+  StoreServer server("127.0.0.1", 0, kSecret, options);
+  HVD_ASSERT_OK(server.status());
+  Socket s;
+  HVD_ASSERT_OK(Connect("127.0.0.1", server.port(), 5, &s));
+  auto t0 = std::chrono::steady_clock::now();
+  std::string nonce;
+  HVD_ASSERT_OK(RecvFrame(s.fd(), &nonce, 5, kMaxHandshakeFrame));
+  uint64_t partial = 40;  // a reply header, and then nothing
+  HVD_ASSERT_OK(SendAll(s.fd(), &partial, 8, 5));
+  EXPECT_TRUE(ClosedByPeer(s.fd(), 5.0));
+  EXPECT_GE(SecondsSince(t0), 0.4);
+  EXPECT_LT(SecondsSince(t0), 2.5);
+}
+
+// Issue #21 (4): a flood of bad connections gives one log line per interval with a
+// count, not one line each.
+TEST(Store, RejectedHandshakesAreLoggedAsACountPerInterval) {
+  Watchdog wd(30, "Store.RejectedHandshakesAreLoggedAsACountPerInterval");
+  StoreOptions options;
+  options.log_interval_s = 1.0;
+  std::string err;
+  {
+    StoreServer server("127.0.0.1", 0, kSecret, options);
+    HVD_ASSERT_OK(server.status());
+    ::testing::internal::CaptureStderr();
+    auto flood = [&](int n) {
+      for (int i = 0; i < n; ++i) {
+        Socket s;
+        if (!Connect("127.0.0.1", server.port(), 5, &s).ok()) continue;
+        const char garbage[] = "GET / HTTP/1.0\r\n\r\n";
+        (void)SendAll(s.fd(), garbage, sizeof(garbage) - 1, 5);
+        ClosedByPeer(s.fd(), 3.0);
+      }
+    };
+    flood(50);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1600));
+    flood(30);
+    server.Stop();  // reports what the current interval counted
+    err = ::testing::internal::GetCapturedStderr();
+  }
+  const std::string what = "failed the job-secret handshake";
+  EXPECT_GE(CountOf(err, what), 2) << err;
+  EXPECT_LE(CountOf(err, what), 4) << err;
+  EXPECT_EQ(CountOf(err, "rejected a connection that " + what), 1) << err;
+  // Every rejection is accounted for: one logged alone, the rest in counts.
+  int total = 1;
+  for (size_t at = err.find("rejected "); at != std::string::npos;
+       at = err.find("rejected ", at + 1)) {
+    total += std::atoi(err.c_str() + at + 9);
+  }
+  EXPECT_EQ(total, 80) << err;
 }
 
 // BUG: StoreServer::Add() parses the stored value with std::stoll, which throws
