@@ -297,3 +297,36 @@ def sampler_hosts_removed() -> None:
     emit(rank=r, committed=committed, after=after, num_replicas=sampler.num_replicas,
          size=hvd.size())
     hvd.shutdown()
+
+
+# ------------------------------------- sync root: the rank holding the newest commit
+
+def sync_from_newest_commit() -> None:
+    """3 ranks, rank 0 a new worker that holds no commit, rank 1 holds commit 1 and
+    rank 2 commit 2 (commits outside an elastic job are local). sync() must give every
+    rank rank 2's state, not rank 0's initial one; then all hold commit 2 and the next
+    sync is from rank 0 again."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    assert n == 3
+    model, opt = build(r, step=True)
+    sampler = ElasticSampler(list(range(N_ITEMS)), shuffle=True, seed=3)
+    sampler.set_epoch(r)
+    state = TorchState(model, opt, sampler=sampler, epoch=r, step=100 * r)
+    for _ in range(r):  # rank 1: commit 1, rank 2: commits 1 and 2
+        state.commit()
+    state.sync()
+    ref_model, ref_opt = build(2, step=True)
+    assert_tensors_equal(model.state_dict(), ref_model.state_dict(), f"rank {r} model")
+    assert_opt_state_equal(opt.state_dict(), ref_opt.state_dict(), f"rank {r} optimizer")
+    assert (state.epoch, state.step, sampler.epoch) == (2, 200, 2), \
+        f"rank {r}: epoch {state.epoch} step {state.step} sampler epoch {sampler.epoch}"
+    assert state._commit_id == 2, state._commit_id
+    state.commit()
+    assert state._commit_id == 3
+    state.step = 300 + r  # every rank holds commit 4 after this: rank 0 is the root
+    state.commit()
+    state.sync()
+    assert state.step == 300, state.step
+    hvd.shutdown()
+    print(f"rank {r}: sync from the newest commit ok", flush=True)

@@ -233,6 +233,51 @@ def test_torch_state_sync_in_a_world_of_one(world_of_one):
     assert list(sampler) == list(range(3, 10))
 
 
+def test_commit_numbers_are_published_and_a_lost_commit_fails_sync(world_of_one, monkeypatch):
+    """Elastic bookkeeping in a world of one, the driver's store faked: rank 0 records
+    each commit's number (after the commit's collective); a sync in which no worker
+    holds the job's newest commit raises CommittedStateLostError naming it, reports it
+    to the driver, and is not retried by hvd.elastic.run."""
+    from horovod_torch.elastic import worker
+    from horovod_torch.exceptions import CommittedStateLostError
+    store = {}
+    monkeypatch.setattr(worker, "is_elastic", lambda: True)
+    monkeypatch.setattr(worker, "publish_commit",
+                        lambda n, counters: store.update(commit=(n, counters)))
+    monkeypatch.setattr(worker, "last_commit", lambda: store.get("commit", (0, {})))
+    monkeypatch.setattr(worker, "report_fatal", lambda msg: store.update(fatal=msg))
+    state = TorchState(nn.Linear(2, 1), epoch=0, batch=0, name="x")
+    assert state._commit_id is None
+    state.sync()  # nothing committed yet: a new worker may start from its own state
+    assert state._commit_id == 0 and "commit" not in store
+    for state.batch in range(1, 4):
+        state.commit()
+    assert state._commit_id == 3 and store["commit"] == (3, {"epoch": 0, "batch": 3})
+    state.sync()  # holds the newest commit: fine
+    assert state._commit_id == 3 and "fatal" not in store
+
+    fresh = TorchState(nn.Linear(2, 1), epoch=0, batch=0)  # a replacement worker
+    with pytest.raises(CommittedStateLostError) as e:
+        fresh.sync()
+    msg = str(e.value)
+    assert msg.startswith("committed state lost: the last commit (commit 3) was held "
+                          "only by workers that are gone"), msg
+    assert "epoch=0, batch=3" in msg and store["fatal"] == msg
+    assert (e.value.commit, e.value.counters) == (3, {"epoch": 0, "batch": 3})
+    assert not isinstance(e.value, HorovodInternalError)
+    assert hvd.elastic.CommittedStateLostError is CommittedStateLostError
+
+    calls = []
+
+    @hvd.elastic.run
+    def train(state):
+        calls.append(1)
+
+    with pytest.raises(CommittedStateLostError):
+        train(TorchState(nn.Linear(2, 1), epoch=0))
+    assert calls == [], "training ran from a fresh state after the commit was lost"
+
+
 def test_torch_state_reassigned_handled_attributes_are_tracked():
     """Horovod's TorchState follows `state.model = other` / `state.optimizer = other`
     (the handler takes the new object); restore() must act on the new model."""
@@ -425,6 +470,13 @@ def test_sampler_padding_when_fewer_remaining_than_padding(monkeypatch):
 
 def test_state_sync_across_three_ranks():
     run_workers(f"{W}:state_sync", 3, timeout=60)
+
+
+def test_sync_broadcasts_from_the_rank_holding_the_newest_commit():
+    """Rank 0 is a new worker holding no commit (as a replacement that is rank 0 of
+    its generation would be): the sync must not hand its initial state to the others."""
+    res = run_workers(f"{W}:sync_from_newest_commit", 3, timeout=60)
+    assert all("sync from the newest commit ok" in r.output for r in res), describe(res)
 
 
 def test_sampler_reshard_on_sync_two_ranks():

@@ -10,9 +10,11 @@ from horovod_torch.basics import init, shutdown  # noqa: F401  (Horovod's module
 from horovod_torch.elastic.sampler import ElasticSampler
 from horovod_torch.elastic.state import ObjectState, State, TorchState
 from horovod_torch.elastic.worker import notification_manager
-from horovod_torch.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from horovod_torch.exceptions import (CommittedStateLostError, HorovodInternalError,
+                                      HostsUpdatedInterrupt)
 
-__all__ = ["run", "State", "ObjectState", "TorchState", "ElasticSampler"]
+__all__ = ["run", "State", "ObjectState", "TorchState", "ElasticSampler",
+           "CommittedStateLostError"]
 
 
 def _reset() -> None:
@@ -27,9 +29,11 @@ def run_fn(func: Callable, reset: Callable[[], None]) -> Callable:
 
     On HorovodInternalError (a peer died) the last committed state is restored; on
     HostsUpdatedInterrupt it is kept. Either way the job re-forms against the new set
-    of workers, the state's reset callbacks run, and rank 0's state is broadcast
-    (skipped when hosts were only removed). HOROVOD_ELASTIC_RESET_LIMIT bounds the
-    number of resets.
+    of workers, the state's reset callbacks run, and the state of the lowest rank
+    holding the newest commit is broadcast (skipped when hosts were only removed).
+    CommittedStateLostError from that sync (no worker left holds the newest commit)
+    is not caught: the job ends. HOROVOD_ELASTIC_RESET_LIMIT bounds the number of
+    resets.
     """
     @functools.wraps(func)
     def wrapper(state: State, *args, **kwargs):

@@ -1,5 +1,10 @@
 """Elastic state: what is saved at commit(), restored after a failure and
-broadcast from rank 0 when the set of workers changes.
+broadcast when the set of workers changes: from the lowest rank that holds the newest
+commit (rank 0 unless it is a new worker that has not synced yet). A worker knows
+whether it holds a commit (``_commit_id``: None until it commits or syncs); rank 0 of
+an elastic job records each commit's number in the store, and ``sync()`` raises
+``CommittedStateLostError`` when no worker of the new generation holds the newest
+commit (every worker that held it is gone).
 
 Horovod's classes and names: ``State`` (with its host-update bookkeeping:
 ``on_hosts_updated``, ``check_host_updates``, ``_host_messages``,
@@ -18,10 +23,10 @@ from horovod_torch.basics import rank  # noqa: F401  (Horovod's module has it)
 from horovod_torch.elastic import worker
 from horovod_torch.elastic.sampler import ElasticSampler
 from horovod_torch.elastic.worker import HostUpdateResult
-from horovod_torch.exceptions import HostsUpdatedInterrupt
+from horovod_torch.exceptions import CommittedStateLostError, HostsUpdatedInterrupt
 from horovod_torch.functions import (allgather_object, broadcast_object,
                                      broadcast_optimizer_state, broadcast_parameters)
-from horovod_torch.ops import broadcast_
+from horovod_torch.ops import allgather, broadcast_
 
 
 class _HostMessages(queue.Queue):
@@ -58,6 +63,13 @@ def _number(x: float):
 class State:
     """Base class: commit() = save() + check_host_updates().
 
+    Commits are numbered from the job's start (1 = the first commit; 0 = the initial
+    state agreed at the first sync). ``_commit_id`` is the number of the commit this
+    worker holds as its saved state: set by commit() and by sync() (what the sync
+    root held), None in a new worker until its first sync completes. A subclass that
+    overrides sync() should call ``_agree_on_commit()`` first and broadcast from the
+    root it returns (ObjectState and TorchState do).
+
     Args:
         bcast_object: broadcasts an object from rank 0 (default: hvd.broadcast_object).
         get_rank: returns this worker's rank (default: hvd.rank).
@@ -70,6 +82,8 @@ class State:
         self._host_messages = _HostMessages()
         self._last_updated_timestamp = 0
         self._reset_callbacks: List[Callable[[], None]] = []
+        self._commit_id: Optional[int] = None
+        self._published_commit: Optional[int] = None
 
     def register_reset_callbacks(self, callbacks: List[Callable[[], None]]) -> None:
         """Callbacks run after every reset (e.g. to rescale the learning rate)."""
@@ -87,9 +101,50 @@ class State:
         self._host_messages.put((timestamp, update_res))
 
     def commit(self) -> None:
-        """Saves the state and raises HostsUpdatedInterrupt if hosts changed."""
+        """Saves the state and raises HostsUpdatedInterrupt if hosts changed. In an
+        elastic job rank 0 then records the commit's number in the driver's store
+        (one store write, after the collective of check_host_updates(), so once it is
+        written every worker of the job has saved this commit)."""
         self.save()
+        self._commit_id = (self._commit_id or 0) + 1
         self.check_host_updates()
+
+    def _commit_counters(self) -> Dict[str, int]:
+        """Integer attributes saved in the commit (e.g. epoch, batch), for messages."""
+        return {}
+
+    def _publish_commit(self) -> None:
+        if self._commit_id is not None and self._commit_id != self._published_commit:
+            worker.publish_commit(self._commit_id, self._commit_counters())
+            self._published_commit = self._commit_id
+
+    def _agree_on_commit(self) -> Tuple[int, int]:
+        """The start of sync(), on every rank: returns (root, commit): the lowest rank
+        holding the newest commit any rank holds (rank 0 when none holds one), and
+        that commit's number. One allgather of two numbers per rank (none in a world
+        of one); in an elastic job each rank also reads the job's newest commit from
+        the store. Raises CommittedStateLostError, on every rank, when the job has
+        committed but no rank holds its newest commit."""
+        held = -1 if self._commit_id is None else self._commit_id
+        elastic = worker.is_elastic() and basics.is_initialized()
+        job, counters = worker.last_commit() if elastic else (0, {})
+        if basics.is_initialized() and basics.size() > 1:
+            rows = allgather(torch.tensor([[held, job]], dtype=torch.int64),
+                             name="elastic.sync_commits")
+            helds = [int(v) for v in rows[:, 0].tolist()]
+            newest_job = int(rows[:, 1].max().item())
+            if newest_job != job:
+                counters = {}
+            job = newest_job
+        else:
+            helds = [held]
+        best = max(helds)
+        if job > 0 and best < job:
+            message = _lost_message(job, counters, best, len(helds))
+            if elastic:
+                worker.report_fatal(message)
+            raise CommittedStateLostError(message, commit=job, counters=counters)
+        return helds.index(best), max(best, 0)
 
     def check_host_updates(self) -> None:
         """Raises HostsUpdatedInterrupt if a host update newer than the last one acted
@@ -115,6 +170,10 @@ class State:
             broadcast_(verdict, 0, name="elastic.check_host_updates")
             prev, last = _number(verdict[0].item()), _number(verdict[1].item())
             update = HostUpdateResult(int(verdict[2].item()))
+            if basics.rank() == 0:
+                # Every rank has submitted this broadcast (the coordinator waits for
+                # all of them), so every rank has saved the commit before it.
+                self._publish_commit()
         self._last_updated_timestamp = last
         if last > prev:
             raise HostsUpdatedInterrupt(skip_sync=(update == HostUpdateResult.removed))
@@ -128,7 +187,7 @@ class State:
         raise NotImplementedError
 
     def sync(self) -> None:
-        """Makes every rank's state rank 0's."""
+        """Makes every rank's state the one of the rank holding the newest commit."""
         raise NotImplementedError
 
     def reset(self) -> None:
@@ -156,21 +215,49 @@ class ObjectState(State):
     def restore(self) -> None:
         self._set_attrs()
 
+    def _commit_counters(self) -> Dict[str, int]:
+        return {k: v for k, v in self._saved_state.items() if type(v) is int}
+
     def sync(self) -> None:
+        """Makes every rank's state that of the rank holding the newest commit (see
+        _agree_on_commit); afterwards this worker holds that commit."""
+        root, commit = self._agree_on_commit()
+        self._sync_from(root)
+        self._commit_id = commit
+
+    def _sync_from(self, root: int) -> None:
         if self._saved_state:
-            if self._bcast_object is broadcast_object:
-                self._saved_state = broadcast_object(self._saved_state, 0,
+            if self._bcast_object is broadcast_object or root != 0:
+                self._saved_state = broadcast_object(self._saved_state, root,
                                                      name="elastic.object_state")
             else:  # Horovod's convention for a user's function: bcast_object(obj)
                 self._saved_state = self._bcast_object(self._saved_state)
             self._set_attrs()
 
 
+def _lost_message(job: int, counters: Dict[str, int], best: int, size: int) -> str:
+    saved = ", ".join(f"{k}={v}" for k, v in list(counters.items())[:8])
+    saved = f" (saved with {saved})" if saved else ""
+    held = ("none holds a committed state (they joined after it and had not synced "
+            "yet)" if best < 0 else
+            "none holds a commit of this job" if best == 0 else
+            f"the newest commit they hold is commit {best}")
+    return (f"committed state lost: the last commit (commit {job}) was held only by "
+            f"workers that are gone{saved}; of the {size} worker(s) of generation "
+            f"{worker.current_generation_of_this_worker()}, {held}. Resuming would "
+            "silently restart training from an older state, so the job stops; restart "
+            "it from a checkpoint")
+
+
 # ------------------------------------------------------------------------- handlers
 
 class StateHandler:
     """Saves, restores and syncs one kind of object held by a TorchState. Register a
-    subclass for a type with set_handler_registry()."""
+    subclass for a type with set_handler_registry(). ``sync()`` broadcasts from
+    ``self.root_rank`` (set by TorchState.sync() before it calls sync(): the rank
+    holding the newest commit, usually 0)."""
+
+    root_rank = 0
 
     def __init__(self, value: Any):
         self.value = value
@@ -220,7 +307,7 @@ class ModelStateHandler(StateHandler):
         self.value.load_state_dict(self._saved_model_state)
 
     def sync(self) -> None:
-        broadcast_parameters(self.value.state_dict(), root_rank=0)
+        broadcast_parameters(self.value.state_dict(), root_rank=self.root_rank)
         self.save()
 
 
@@ -260,7 +347,7 @@ class OptimizerStateHandler(StateHandler):
             self.value._reset_pending()
 
     def sync(self) -> None:
-        broadcast_optimizer_state(self.value, root_rank=0)
+        broadcast_optimizer_state(self.value, root_rank=self.root_rank)
         self.save()
 
 
@@ -279,14 +366,15 @@ class SchedulerStateHandler(StateHandler):
         self.value.load_state_dict(copy.deepcopy(self._saved_scheduler_state))
 
     def sync(self) -> None:
-        self._saved_scheduler_state = broadcast_object(self._saved_scheduler_state, 0,
+        self._saved_scheduler_state = broadcast_object(self._saved_scheduler_state,
+                                                       self.root_rank,
                                                        name="elastic.scheduler_state")
         self.restore()
 
 
 class SamplerStateHandler(StateHandler):
     """ElasticSampler: sync merges every rank's processed indices (the union, over the
-    ranks in rank 0's epoch), so progress made by any rank survives a reset."""
+    ranks in the sync root's epoch), so progress made by any rank survives a reset."""
 
     def __init__(self, sampler: ElasticSampler):
         super().__init__(sampler)
@@ -304,7 +392,7 @@ class SamplerStateHandler(StateHandler):
 
     def sync(self) -> None:
         states = allgather_object(self.value.state_dict(), name="elastic.sampler_state")
-        merged = dict(states[0])
+        merged = dict(states[self.root_rank])
         done = sorted({int(i) for s in states if s["epoch"] == merged["epoch"]
                        for i in s.get("processed_indices") or ()})
         merged.update(processed_indices=done, processed_num=len(done))
@@ -396,7 +484,8 @@ class TorchState(ObjectState):
             h.restore()
         super().restore()
 
-    def sync(self) -> None:
+    def _sync_from(self, root: int) -> None:
         for h in self._handlers.values():
+            h.root_rank = root
             h.sync()
-        super().sync()
+        super()._sync_from(root)

@@ -5,13 +5,22 @@ Store keys written by the driver (all under ``elastic/``):
   ``<gen>/assign/<worker_id>``  "rank,size,local_rank,local_size,cross_rank,cross_size"
   ``<gen>/added``               "1" if that generation brought in new workers
 A worker not assigned in a new generation was removed from the job and exits.
+
+Written by workers:
+  ``commit``  "<n>[ <json of the state's integer attributes>]": the newest commit
+              every worker of the job had saved (rank 0 writes it at each
+              ``state.commit()``, after the commit's collective returned)
+  ``fatal``   a message: the job cannot go on (the committed state was lost); the
+              driver stops the job with status 1 when a worker exits non-zero and this
+              key is set
 """
 import enum
+import json
 import os
 import sys
 import threading
 import time
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 from horovod_torch.exceptions import HorovodInternalError
 
@@ -69,6 +78,54 @@ def next_assignment(timeout_s: float) -> Tuple[dict, str]:
                 f"no new generation of workers was formed within {timeout_s:.0f} s "
                 "(HOROVOD_ELASTIC_TIMEOUT); the driver may have given up")
         time.sleep(0.05)
+
+
+COMMIT_KEY = "elastic/commit"
+FATAL_KEY = "elastic/fatal"
+
+
+def current_generation_of_this_worker() -> int:
+    """The generation this process joined at its last init (-1 before the first)."""
+    return _gen
+
+
+def _has_store() -> bool:
+    return "HOROVOD_STORE_ADDR" in os.environ and "HOROVOD_STORE_PORT" in os.environ
+
+
+def publish_commit(commit: int, counters: Dict[str, int]) -> None:
+    """Records in the store that every worker of the job holds commit `commit`
+    (rank 0 calls this once per commit: one store write, no collective)."""
+    if not _has_store():  # not started by the elastic driver: nobody to tell
+        return
+    value = str(int(commit))
+    if counters:
+        value += " " + json.dumps(counters, separators=(",", ":"))
+    _store().set(COMMIT_KEY, value.encode())
+
+
+def last_commit() -> Tuple[int, Dict[str, int]]:
+    """(number of the newest commit the job made, its counters); (0, {}) before any."""
+    raw = _store().get(COMMIT_KEY, 0.0) if _has_store() else None
+    if raw is None:
+        return 0, {}
+    num, _, counters = raw.decode().partition(" ")
+    try:
+        return int(num), (json.loads(counters) if counters else {})
+    except ValueError:
+        return int(num), {}
+
+
+def report_fatal(message: str) -> None:
+    """Tells the driver that the job cannot go on: it stops the job (status 1) when
+    this worker exits non-zero, instead of starting replacements."""
+    if not _has_store():
+        return
+    try:
+        _store().set(FATAL_KEY, message.encode())
+    except RuntimeError as exc:  # the driver is gone: nothing to tell
+        print(f"horovod_torch: could not report to the driver: {exc}", file=sys.stderr,
+              flush=True)
 
 
 class HostUpdateResult(enum.IntFlag):
