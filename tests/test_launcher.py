@@ -347,8 +347,8 @@ def test_failure_exit_code_and_others_killed(tmp_path: Path) -> None:
     assert result.returncode == 3, result.stderr
     assert time.monotonic() - start < 60
     assert "[1]<stdout>:rank 1 failing" in result.stdout
-    assert ("horovodrun: rank 1 exited with code 3; terminating the other "
-            "2 workers") in result.stderr
+    assert re.search(r"horovodrun: rank 1 \(pid \d+\) exited with code 3; terminating "
+                     r"the other 2 workers", result.stderr), result.stderr
     _assert_gone(_read_pids(tmp_path, [0, 2]))
 
 
@@ -364,7 +364,8 @@ def test_worker_killed_by_signal(tmp_path: Path) -> None:
     result = _run("-np", "2", *_worker(script),
                   env=_env(PID_DIR=str(tmp_path)))
     assert result.returncode == 128 + signal.SIGKILL, result.stderr
-    assert "rank 1 exited with code 137 (signal SIGKILL)" in result.stderr
+    assert re.search(r"rank 1 \(pid \d+\) exited with code 137 \(signal SIGKILL\)",
+                     result.stderr), result.stderr
     _assert_gone(_read_pids(tmp_path, [0]))
 
 

@@ -287,18 +287,70 @@ class OutputForwarder:
                 self._broken = True
 
 
+OUTPUT_CLOSE_WINDOW_S = 2.0
+"""A worker whose output closed at most this long before its process ended is taken
+to have ended when its output closed (see :attr:`Worker.ended_at`)."""
+
+
 @dataclass
 class Worker:
-    """A started worker: its placement, process and output thread."""
+    """A started worker: its placement, process and output thread.
+
+    ``exited_at`` is when its process ended and ``output_closed_at`` when its
+    stdout and stderr both closed (``time.monotonic()``), recorded by the threads
+    :meth:`watch` starts: the order in which workers ended says which one failed
+    first, however late the supervisor looks."""
 
     slot: SlotInfo
     proc: "subprocess.Popen[bytes]"
-    reader: threading.Thread
+    reader: Optional[threading.Thread] = None
+    exited_at: Optional[float] = None
+    output_closed_at: Optional[float] = None
 
     @property
     def rank(self) -> int:
         """The worker's global rank."""
         return self.slot.rank
+
+    def watch(self, forwarder: "OutputForwarder") -> None:
+        """Starts forwarding the worker's output (``reader``), and a thread that
+        waits for its process to end."""
+        def forward() -> None:
+            try:
+                forwarder.pump(self.rank, self.proc)
+            finally:
+                self.output_closed_at = time.monotonic()
+
+        def wait() -> None:
+            with contextlib.suppress(Exception):
+                self.proc.wait()
+            self.exited_at = time.monotonic()
+        self.reader = threading.Thread(target=forward, name=f"horovodrun-output-{self.rank}",
+                                       daemon=True)
+        self.reader.start()
+        threading.Thread(target=wait, name=f"horovodrun-wait-{self.rank}",
+                         daemon=True).start()
+
+    @property
+    def ended_at(self) -> Optional[float]:
+        """When the worker ended: its exit, or the closing of its output if that came
+        shortly before. A dying process closes its files (its output first, then its
+        sockets) before the kernel reports it as exited, which for a CUDA process
+        comes about 0.1 s later: long enough for a peer that lost its connections to
+        exit first. (A worker that closes its output and runs on is not fooled: the
+        window is OUTPUT_CLOSE_WINDOW_S.)"""
+        if self.exited_at is None:
+            return None
+        closed = self.output_closed_at
+        if closed is not None and self.exited_at - OUTPUT_CLOSE_WINDOW_S <= closed:
+            return min(closed, self.exited_at)
+        return self.exited_at
+
+    def describe(self) -> str:
+        """``rank R (pid P)``, or ``rank R (host H)`` for a worker on another host."""
+        if isinstance(self.proc, RemoteProcess):
+            return f"rank {self.rank} (host {self.proc.host})"
+        return f"rank {self.rank} (pid {self.proc.pid})"
 
     def alive(self) -> bool:
         """Return True while the worker's main process has not exited."""
@@ -344,7 +396,8 @@ class Supervisor:
             finally:
                 self._kill_all()
                 for worker in self._workers:
-                    worker.reader.join(READER_JOIN_TIMEOUT_S)
+                    if worker.reader is not None:
+                        worker.reader.join(READER_JOIN_TIMEOUT_S)
                 atexit.unregister(self._kill_all)
 
     # -- signals ---------------------------------------------------------
@@ -380,11 +433,9 @@ class Supervisor:
                 self._terminate(self._alive_workers(), signal.SIGTERM)
                 return 127 if isinstance(exc, FileNotFoundError) else 126
             assert proc.stdout is not None
-            reader = threading.Thread(
-                target=self._forwarder.pump, args=(slot.rank, proc),
-                name=f"horovodrun-output-{slot.rank}", daemon=True)
-            reader.start()
-            self._workers.append(Worker(slot, proc, reader))
+            worker = Worker(slot, proc)
+            worker.watch(self._forwarder)
+            self._workers.append(worker)
         return None
 
     def _supervise(self) -> int:
@@ -399,18 +450,40 @@ class Supervisor:
                 code = self._check_started()
                 if code is not None:
                     return code
-            for worker in self._workers:
-                if worker.rank in finished:
-                    continue
-                returncode = worker.proc.poll()
-                if returncode is None:
-                    continue
-                finished.add(worker.rank)
-                if returncode != 0:
-                    return self._shutdown_on_failure(worker, returncode)
+            # Workers that ended since the last look, in the order they ended: when
+            # one fails, the others fail soon after it (they lost a peer), and may
+            # all have ended by the time we look.
+            ended = [w for w in self._workers
+                     if w.rank not in finished and w.exited_at is not None]
+            finished.update(w.rank for w in ended)
+            failed = [w for w in ended if w.proc.returncode != 0]
+            if failed:
+                failed = self._settle(failed, finished)
+                return self._shutdown_on_failure(failed[0], failed[1:])
             if len(finished) == len(self._workers):
                 return 0
             time.sleep(POLL_INTERVAL_S)
+
+    def _settle(self, failed: List[Worker], finished: set) -> List[Worker]:
+        """The failed workers, the first to fail first. A worker whose output closed
+        before the first of them ended may be on its way out (the one that died
+        first, its exit still being torn down): it is given up to
+        OUTPUT_CLOSE_WINDOW_S to end, and counts if it fails."""
+        def first_end() -> float:
+            return min(w.ended_at or 0.0 for w in failed)
+        deadline = time.monotonic() + OUTPUT_CLOSE_WINDOW_S
+        while time.monotonic() < deadline:
+            dying = [w for w in self._workers if w.rank not in finished and
+                     w.output_closed_at is not None and w.output_closed_at < first_end()]
+            if not dying:
+                break
+            for w in dying:
+                if w.exited_at is not None:
+                    finished.add(w.rank)
+                    if w.proc.returncode != 0:
+                        failed.append(w)
+            time.sleep(POLL_INTERVAL_S)
+        return sorted(failed, key=lambda w: (w.ended_at or 0.0, w.rank))
 
     def _check_started(self) -> Optional[int]:
         """After the start timeout: stop the job if a remote host never answered."""
@@ -425,15 +498,25 @@ class Supervisor:
         self._terminate(self._alive_workers(), signal.SIGTERM)
         return 1
 
-    def _shutdown_on_failure(self, failed: Worker, returncode: int) -> int:
+    def _shutdown_on_failure(self, failed: Worker, also: Sequence[Worker] = ()) -> int:
+        """Stops the job because ``failed`` was the first worker to fail; ``also``
+        failed after it (before we looked), most likely because of it."""
+        returncode = failed.proc.returncode
+        assert returncode is not None
         code = exit_code(returncode)
         # Let the failed worker's last lines reach stdout before our message.
-        failed.reader.join(READER_JOIN_TIMEOUT_S)
+        if failed.reader is not None:
+            failed.reader.join(READER_JOIN_TIMEOUT_S)
         others = [w for w in self._alive_workers() if w is not failed]
-        message = f"rank {failed.rank} exited with code {code}"
-        message += describe_start_failure(failed.proc)
+        start_failure = describe_start_failure(failed.proc)  # names the host
+        message = f"rank {failed.rank}" if start_failure else failed.describe()
+        message += f" exited with code {code}{start_failure}"
         if returncode < 0:
             message += f" (signal {signal_name(-returncode)})"
+        if also:
+            after = ", ".join(f"rank {w.rank} (code {exit_code(w.proc.returncode or 0)})"
+                              for w in also)
+            message += f", the first to fail; then {after}"
         if others:
             plural = "s" if len(others) != 1 else ""
             message += f"; terminating the other {len(others)} worker{plural}"

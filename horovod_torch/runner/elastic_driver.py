@@ -1,6 +1,9 @@
 """The elastic driver: keeps a job running while workers fail and hosts come and go.
 
-Every second it runs the host-discovery script (``host:slots`` lines). Hosts that
+Every second it runs the host-discovery script (``host:slots`` lines), in a thread
+of its own and the script in a session of its own (a run that hangs is killed with
+its process group after DISCOVERY_TIMEOUT_S; the last good host list stays in use
+meanwhile, and the driver goes on watching its workers). Hosts that
 resolve to this machine are started locally, so several "hosts" can be tested on
 one machine; other hosts through the launcher's remote-exec command (ssh), like
 static jobs. A remote host that does not answer within the start timeout counts
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import random
 import signal
 import subprocess
@@ -32,7 +36,8 @@ JOB_FAILED_MESSAGE = ("Horovod detected that one or more processes exited with n
                       "do so was:\nProcess name: {name}\nExit code: {code}")
 
 POLL_S = 0.1
-DISCOVERY_PERIOD_S = 1.0
+DISCOVERY_PERIOD_S = 1.0  # from the end of one discovery run to the start of the next
+DISCOVERY_TIMEOUT_S = 30.0  # a run taking longer is killed (its whole process group)
 REMOVED_GRACE_S = 30.0
 
 
@@ -97,19 +102,126 @@ def assign(host_per_rank: Sequence[str]) -> List[hosts.SlotInfo]:
     return slots
 
 
-def discover_hosts(script: str, default_slots: int) -> Dict[str, int]:
-    """Runs the discovery script once; raises OSError/ValueError on failure."""
+class DiscoveryTimeout(ValueError):
+    """The discovery script did not finish within DISCOVERY_TIMEOUT_S."""
+
+
+def kill_script_group(proc: "subprocess.Popen[str]") -> None:
+    """SIGKILLs a discovery script's process group (it and whatever it started),
+    unless it has been reaped (its group id may be someone else's by then)."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def discover_hosts(script: str, default_slots: int, timeout: Optional[float] = None,
+                   started: Optional[Callable[["subprocess.Popen[str]"], None]] = None
+                   ) -> Dict[str, int]:
+    """Runs the discovery script once; raises OSError/ValueError on failure
+    (DiscoveryTimeout after ``timeout``, default DISCOVERY_TIMEOUT_S s). The script
+    runs in a session of its own: on a timeout its whole process group is killed,
+    so nothing it started (a hung ``ssh``, a ``sleep``) is left behind. ``started``
+    is called with the process once it runs (ElasticDriver kills the group at the
+    end of the job)."""
+    timeout = DISCOVERY_TIMEOUT_S if timeout is None else timeout
+    proc = subprocess.Popen([script], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    if started is not None:
+        started(proc)
     try:
-        out = subprocess.run([script], capture_output=True, text=True, timeout=30)
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise ValueError("the host discovery script ran longer than 30 s") from None
-    if out.returncode != 0:
-        raise ValueError(f"host discovery script exited with {out.returncode}: "
-                         f"{out.stderr.strip()[:200]}")
-    found = parse_discovery(out.stdout, default_slots)
+        kill_script_group(proc)
+        # What the group started in a session of its own may still hold the pipes.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=1.0)
+        for pipe in (proc.stdout, proc.stderr):
+            with contextlib.suppress(OSError):
+                pipe.close()  # type: ignore[union-attr]
+        proc.wait()
+        raise DiscoveryTimeout(f"the host discovery script did not finish within "
+                               f"{timeout:g} s; killed it and what it started") from None
+    finally:
+        if proc.returncode is None:  # an exception other than the timeout
+            kill_script_group(proc)
+            proc.wait()
+    if proc.returncode != 0:
+        raise ValueError(f"host discovery script exited with {proc.returncode}: "
+                         f"{stderr.strip()[:200]}")
+    found = parse_discovery(stdout, default_slots)
     for name in found:
         hosts.check_hostname(name)
     return found
+
+
+class BackgroundDiscovery:
+    """Runs the discovery script in a thread, one run at a time, so that the driver
+    goes on watching its workers while a run is outstanding (a script may take up
+    to DISCOVERY_TIMEOUT_S s). ``take()`` returns each finished run's outcome once:
+    ``(hosts, None, False)``, or ``(None, error, timed_out)``."""
+
+    def __init__(self, script: str, default_slots: int) -> None:
+        self._script = script
+        self._slots = default_slots
+        self._lock = threading.Lock()
+        self._thread: Optional[threading.Thread] = None
+        self._proc: Optional["subprocess.Popen[str]"] = None
+        self._outcome: Optional[Tuple[Optional[Dict[str, int]], Optional[str], bool]] = None
+        self._closed = False
+
+    def running(self) -> bool:
+        """A run has started and its outcome has not been taken yet."""
+        with self._lock:
+            return self._thread is not None
+
+    def start(self) -> None:
+        """Starts a run (if none is outstanding)."""
+        with self._lock:
+            if self._thread is not None or self._closed:
+                return
+            self._thread = threading.Thread(target=self._run, daemon=True,
+                                            name="horovodrun-discovery")
+            self._thread.start()
+
+    def take(self) -> Optional[Tuple[Optional[Dict[str, int]], Optional[str], bool]]:
+        """The outcome of the run that finished since the last call, else None."""
+        with self._lock:
+            outcome, self._outcome = self._outcome, None
+            if outcome is not None:
+                self._thread = None
+            return outcome
+
+    def close(self) -> None:
+        """Kills the process group of a run still going (the job is over)."""
+        with self._lock:
+            self._closed = True
+            proc, thread = self._proc, self._thread
+        if proc is not None:
+            kill_script_group(proc)
+        if thread is not None:
+            thread.join(timeout=5.0)
+
+    def _started(self, proc: "subprocess.Popen[str]") -> None:
+        with self._lock:
+            self._proc = proc
+            closed = self._closed
+        if closed:
+            kill_script_group(proc)
+
+    def _run(self) -> None:
+        outcome: Tuple[Optional[Dict[str, int]], Optional[str], bool]
+        try:
+            outcome = (discover_hosts(self._script, self._slots, started=self._started),
+                       None, False)
+        except DiscoveryTimeout as exc:
+            outcome = (None, str(exc), True)
+        except (OSError, ValueError) as exc:
+            outcome = (None, str(exc), False)
+        except Exception as exc:  # pylint: disable=broad-except
+            outcome = (None, f"{type(exc).__name__}: {exc}", False)
+        with self._lock:
+            self._proc = None
+            self._outcome = outcome
 
 
 class ElasticDriver:
@@ -134,16 +246,52 @@ class ElasticDriver:
         self._resets = 0
         self._first_failure: Optional[Tuple[str, int]] = None  # (Horovod's name, code)
         self._signal: Optional[int] = None
+        self._discovery = (BackgroundDiscovery(opts.discovery_script, opts.slots)
+                           if opts.discovery_script is not None else None)
+        self._next_discovery = 0.0  # when the next discovery run (or fixed-host look) is due
+        self._discovery_trouble: Optional[str] = None  # the failure last logged, if any
 
     # -- discovery ---------------------------------------------------------------
 
     def _discover(self) -> Optional[Dict[str, int]]:
-        if self._o.fixed_hosts is not None:
-            found = dict(self._o.fixed_hosts)
-        else:
-            found = self._run_discovery()
-            if found is None:
+        """Never blocks: the hosts found by a discovery run that ended since the last
+        call (None if none did, or it failed: the last good list stays), starting the
+        next run when one is due. With fixed hosts, those, once a period."""
+        now = time.monotonic()
+        if self._discovery is None:
+            if now < self._next_discovery:
                 return None
+            self._next_discovery = now + DISCOVERY_PERIOD_S
+            return self._filter_remote(dict(self._o.fixed_hosts or {}))
+        outcome = self._discovery.take()
+        found: Optional[Dict[str, int]] = None
+        if outcome is not None:
+            self._next_discovery = now + DISCOVERY_PERIOD_S
+            found, error, timed_out = outcome
+            if found is not None:
+                if self._discovery_trouble is not None:
+                    driver.log("host discovery works again")
+                self._discovery_trouble = None
+                found = self._filter_remote(found)
+            else:
+                self._discovery_failed(str(error), timed_out)
+        if not self._discovery.running() and now >= self._next_discovery:
+            self._discovery.start()
+        return found
+
+    def _discovery_failed(self, error: str, timed_out: bool) -> None:
+        """Says so once (until discovery works again, or fails differently)."""
+        trouble = "timeout" if timed_out else error
+        if trouble == self._discovery_trouble:
+            return
+        self._discovery_trouble = trouble
+        known = ", ".join(f"{h}:{n}" for h, n in self._hosts.items()) or "none yet"
+        driver.log(f"host discovery failed: {error}; keeping the last host list "
+                   f"({known}) meanwhile" + ("; will keep trying, without saying so again"
+                                             if timed_out else ""))
+
+    def _filter_remote(self, found: Dict[str, int]) -> Dict[str, int]:
+        """Drops remote hosts when the store listens on loopback (said once a host)."""
         if self._spawner.remote is None:
             remote = [h for h in found if not hosts.is_local_host(h)]
             new = [h for h in remote if h not in self._refused]
@@ -154,15 +302,6 @@ class ElasticDriver:
                 self._refused.update(new)
             for h in remote:
                 del found[h]
-        return found
-
-    def _run_discovery(self) -> Optional[Dict[str, int]]:
-        assert self._o.discovery_script is not None
-        try:
-            found = discover_hosts(self._o.discovery_script, self._o.slots)
-        except (OSError, ValueError) as exc:
-            driver.log(f"host discovery failed: {exc}")
-            return None
         return found
 
     def _usable(self, host: str) -> bool:
@@ -254,6 +393,8 @@ class ElasticDriver:
             try:
                 return self._run()
             finally:
+                if self._discovery is not None:
+                    self._discovery.close()  # a run still going, and what it started
                 self._kill_all()
 
     def _run(self) -> int:
@@ -264,13 +405,15 @@ class ElasticDriver:
                 self._hosts = found
             if sum(self._hosts.values()) >= self._o.min_np:
                 break
-            if time.monotonic() > deadline or self._signal:
+            if self._signal:
+                return 128 + self._signal
+            if time.monotonic() > deadline:
                 driver.log(f"only {sum(self._hosts.values())} slots were discovered, fewer than "
                            f"--min-np {self._o.min_np}, within --elastic-timeout")
                 return 1
-            time.sleep(DISCOVERY_PERIOD_S)
+            time.sleep(POLL_S)
         self._grow(self._o.num_proc)
-        next_discovery = time.monotonic() + DISCOVERY_PERIOD_S
+        next_grow = time.monotonic() + DISCOVERY_PERIOD_S
         waiting_since: Optional[float] = None
         # A change stays pending until enough workers exist to publish it, and every
         # new remote worker's host has answered (or failed to, within the start timeout).
@@ -293,6 +436,11 @@ class ElasticDriver:
                 code = driver.exit_code(rc)
                 self._say(WORKER_EXIT_MESSAGE.format(rank=w.slot.rank if w.slot else w.rank,
                                                      code=code))
+                fatal = self._store.get("elastic/fatal")  # elastic/worker.py FATAL_KEY
+                if fatal is not None:  # e.g. the committed state was lost: no retry helps
+                    driver.log(f"worker {w.worker_id} (rank {w.rank}) exited with code "
+                               f"{code}: {fatal.decode(errors='replace')}; stopping the job")
+                    return 1
                 driver.log(f"worker {w.worker_id} (rank {w.rank}) exited with code "
                            f"{code}{driver.describe_start_failure(w.proc)}; "
                            "re-forming the job without it")
@@ -312,15 +460,18 @@ class ElasticDriver:
                            f" (the job was reset {self._resets} times, more than --reset-limit "
                            f"{self._o.reset_limit}); stopping")
                 return 1
-            if time.monotonic() >= next_discovery and not finished:
-                next_discovery = time.monotonic() + DISCOVERY_PERIOD_S
-                found = self._discover()
-                if found is not None and found != self._hosts:
-                    self._hosts = found
-                    for w in self._live():
-                        if w.host not in found:
-                            w.removed_at = time.monotonic()
-                            changed = True
+            # Discovery runs in the background: a slow or hung script never keeps
+            # this loop from noticing a failed worker.
+            found = None if finished else self._discover()
+            if found is not None and found != self._hosts:
+                self._hosts = found
+                next_grow = 0.0  # new hosts: grow now
+                for w in self._live():
+                    if w.host not in found:
+                        w.removed_at = time.monotonic()
+                        changed = True
+            if time.monotonic() >= next_grow and not finished:
+                next_grow = time.monotonic() + DISCOVERY_PERIOD_S
                 if len(self._live()) < self._o.max_np and self._grow(self._o.max_np):
                     changed = added = True
             if changed and not finished and not self._pending():
