@@ -47,7 +47,13 @@ def adasum(tensor: torch.Tensor, name: str, prescale: float, postscale: float) -
     if not tensor.dtype.is_floating_point:
         raise ValueError(f"op=hvd.Adasum needs a floating-point tensor, got {tensor.dtype}")
     flat = tensor.detach().reshape(1, -1) * prescale
-    gathered = allgather(flat.contiguous(), name=f"{name}.adasum")
+    # The allgather goes by the op's own name, so a rank that asked for another op of
+    # that name meets it as a mismatch (allreduce vs allgather) instead of a wait.
+    try:
+        gathered = allgather(flat.contiguous(), name=name)
+    except RuntimeError as e:
+        raise RuntimeError(f"{e} (this rank asked for op=hvd.Adasum, which runs as an "
+                           "allgather)") from None
     return (reduce_gathered(gathered) * postscale).to(tensor.dtype).view_as(tensor)
 
 

@@ -167,6 +167,10 @@ def _submit(kind: int, inputs: List[torch.Tensor], outputs: List[Optional[torch.
 def _contig(tensor: torch.Tensor) -> torch.Tensor:
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(f"expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.is_sparse:
+        raise ValueError("collectives take dense tensors; for a sparse tensor use "
+                         "hvd.sparse_allreduce_async(tensor, name=..., op=...) "
+                         "(DistributedOptimizer does this for sparse gradients)")
     return tensor if tensor.is_contiguous() else tensor.contiguous()
 
 
@@ -324,7 +328,8 @@ class GroupHandle:
         return all(poll(h) for h in self.handles)
 
     def synchronize(self) -> list:
-        return [synchronize(h) for h in self.handles]
+        # Every member is waited for (and its name freed) before an error is raised.
+        return _wait_many(self.handles)
 
     def __iter__(self):
         return iter(self.handles)

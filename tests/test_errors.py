@@ -44,6 +44,25 @@ def test_reinit_many_times():
     run_workers("tests.workers:reinit", 2, args=[40], timeout=120)
 
 
+@pytest.mark.parametrize("knob,value", [("HOROVOD_SMALL_ALLREDUCE_BYTES", "1000000"),
+                                        ("HOROVOD_FUSION_THRESHOLD", "1024"),
+                                        ("HOROVOD_SHM_CONTROL", "1"),
+                                        ("HOROVOD_HIERARCHICAL_ALLREDUCE", "1")])
+def test_settings_that_must_agree_are_compared_at_init(knob, value):
+    """A per-host difference in a knob that picks the protocol gave wrong sums or a
+    60 s hang; now init() refuses on every rank and says which knob differs."""
+    env = {"HOROVOD_HIERARCHICAL_ALLREDUCE": "0", "HOROVOD_SHM_CONTROL": "0"}
+    results = run_workers("tests.workers:settings_differ", 2, args=[knob], env=env,
+                          per_rank_env=lambda r: {knob: value} if r == 1 else {}, timeout=60)
+    assert all("settings checked" in r.output for r in results)
+
+
+@pytest.mark.parametrize("hierarchical", ["0", "1"])
+def test_fork_after_init_leaves_the_parent_working(hierarchical):
+    env = {"HOROVOD_HIERARCHICAL_ALLREDUCE": hierarchical}
+    run_workers("tests.workers:fork_after_init", 2, env=env, timeout=60)
+
+
 def test_init_after_the_engine_stopped_brings_up_a_new_one():
     run_workers("tests.workers:reinit_after_engine_stopped", 2, timeout=60)
 
@@ -74,3 +93,14 @@ def test_stalled_collective_is_reported_and_fails_the_job():
     results = run_workers("tests.workers:stall", 2, env=env, timeout=90)
     assert "stalled collectives" in results[0].output  # the coordinator's warning
     assert "missing on ranks [1]" in results[0].output
+    # ... and the waiting rank says where it waits, in the user's code.
+    assert "waited 1 s for 'skipped_by_1' at " in results[0].output, results[0].output
+    assert "workers.py:" in results[0].output.split("for 'skipped_by_1' at ")[1].split()[0]
+
+
+def test_a_stall_ends_the_job_by_default():
+    """Without any stall knob, a collective one rank never calls fails the job after
+    600 s (what happens then is the test above, with a short bound)."""
+    from horovod_torch import config
+    defaults = {k[0]: k[2] for k in config.knobs()}
+    assert defaults["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] == 600.0

@@ -2,6 +2,7 @@
 results against a reference computed in this one process from every rank's input
 (inputs are a deterministic function of rank and case), and raises on a mismatch."""
 import os
+import sys
 import time
 
 import torch
@@ -185,6 +186,24 @@ def mismatches() -> None:
     else:
         f = lambda: hvd.allgather(torch.ones(3), name="kind_x")
     expect_raises(RuntimeError, f, "kind_x", "allreduce", "allgather")
+    # Adasum on one rank, Sum on the other (Adasum runs as an allgather of that name).
+    op = hvd.Sum if r == 0 else hvd.Adasum
+    expect_raises(RuntimeError, lambda: hvd.allreduce(torch.ones(3), name="ada_x", op=op),
+                  "ada_x", "allreduce", "allgather")
+    # An out-of-range root_rank on one rank only: every rank gets the error.
+    root = n if r == 1 else 0
+    expect_raises(RuntimeError, lambda: hvd.broadcast(torch.ones(2), root, name="bad_root"),
+                  "bad_root", f"rank 1 has {n}")
+    # NaN factors: named as such, not as a disagreement of "nan" and "nan".
+    expect_raises(RuntimeError, lambda: hvd.allreduce(torch.ones(2), name="nan_x",
+                                                      prescale_factor=float("nan")),
+                  "nan_x", "finite")
+    # Groups of different sizes: every member fails on every rank, none stays pending,
+    # and the names are free again.
+    for attempt in range(2):
+        expect_raises(RuntimeError, lambda: hvd.grouped_allreduce(
+            [torch.ones(2)] * (2 + r), name="group_x"), "group_x", "group")
+    hvd.grouped_allreduce([torch.ones(2)] * 3, name="group_x")
     # A name that was cached, then resubmitted with a different shape on one rank.
     for _ in range(3):
         hvd.allreduce(torch.ones(4), name="cached_x")
@@ -208,8 +227,11 @@ def local_errors() -> None:
     r, n = hvd.rank(), hvd.size()
     expect_raises(ValueError, lambda: hvd.allreduce(torch.ones(2, dtype=torch.complex64)),
                   "ComplexFloat", "not supported")
-    expect_raises(ValueError, lambda: hvd.broadcast(torch.ones(2), n), "root_rank", "range")
-    expect_raises(ValueError, lambda: hvd.broadcast(torch.ones(2), -1), "root_rank")
+    # An out-of-range root_rank is refused on every rank, as a disagreement would be.
+    expect_raises(RuntimeError, lambda: hvd.broadcast(torch.ones(2), n), "root_rank", "range")
+    expect_raises(RuntimeError, lambda: hvd.broadcast(torch.ones(2), -1), "root_rank")
+    expect_raises(ValueError, lambda: hvd.allreduce(torch.ones(4).to_sparse()),
+                  "sparse", "sparse_allreduce_async")
     expect_raises(ValueError, lambda: hvd.allreduce_(torch.ones(4, 4).t()), "contiguous")
     expect_raises(ValueError, lambda: hvd.alltoall(torch.ones(5), splits=[1] * (n + 1)),
                   "splits")
@@ -282,6 +304,41 @@ def reinit(times: str = "20") -> None:
     print("reinit ok", flush=True)
 
 
+def settings_differ(knob: str) -> None:
+    """The test sets `knob` differently on rank 1: init() fails on every rank, within
+    the start timeout, naming the knob and both values."""
+    t0 = time.monotonic()
+    msg = expect_raises(ValueError, hvd.init, knob, "rank 0", "rank 1")
+    assert time.monotonic() - t0 < 20, msg
+    print(f"settings checked: {msg}", flush=True)
+
+
+def fork_after_init() -> None:
+    """A child forked after init() cannot run collectives (a clear error), and its
+    shutdown() and normal exit leave the parent's engine (and shared memory) alone."""
+    hvd.init()
+    n = hvd.size()
+    hvd.allreduce(torch.ones(2), name="before_fork")
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            hvd.allreduce(torch.ones(2), name="in_child")
+            code = 3
+        except ValueError as e:
+            code = 0 if "forked" in str(e) else 4
+        hvd.shutdown()
+        sys.stdout.flush()
+        sys.exit(code)  # a normal exit: atexit calls hvd.shutdown() again
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, status
+    for i in range(20):
+        out = hvd.allreduce(torch.ones(1000), name=f"after_fork.{i}", op=hvd.Sum)
+        assert out[0].item() == n, out
+    hvd.shutdown()
+    print("fork ok", flush=True)
+
+
 def reinit_after_engine_stopped() -> None:
     """Rank 1 shuts down while rank 0 still runs: rank 0's engine stops with it. Then
     init() on both brings up a working engine again (a stopped engine is replaced)."""
@@ -290,9 +347,10 @@ def reinit_after_engine_stopped() -> None:
     hvd.allreduce(torch.ones(2), name="before")
     if r == 1:
         hvd.shutdown()
-    else:
+    else:  # the error names the rank that shut down
         expect_raises(hvd.HorovodInternalError,
-                      lambda: hvd.allreduce(torch.ones(2), name="while_peer_shuts_down"))
+                      lambda: hvd.allreduce(torch.ones(2), name="while_peer_shuts_down"),
+                      "shut down by rank 1")
     hvd.init()
     out = hvd.allreduce(torch.ones(2), name="after", op=hvd.Sum)
     assert out.tolist() == [2.0, 2.0], out

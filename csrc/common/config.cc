@@ -1,6 +1,8 @@
 #include "common/config.h"
 
 #include <cstdlib>
+#include <map>
+#include <sstream>
 #include <stdexcept>
 
 namespace hvd {
@@ -55,7 +57,78 @@ Config Config::FromEnv(std::string* error) {
   }
   HVD_KNOBS(HVD_READ_KNOB)
 #undef HVD_READ_KNOB
+  // Horovod's knobs that stand for ours.
+  if (c.gloo_timeout_s > 0) c.tcp_timeout_s = c.start_timeout_s = c.gloo_timeout_s;
+  if (c.torus_allreduce != 0 && c.hierarchical_allreduce < 0) c.hierarchical_allreduce = 1;
   return c;
+}
+
+std::string Config::ProtocolSettings() const {
+  std::ostringstream out;
+  out << "HOROVOD_FUSION_THRESHOLD=" << fusion_threshold_bytes << "\n"
+      << "HOROVOD_DISABLE_GROUP_FUSION=" << disable_group_fusion << "\n"
+      << "HOROVOD_CACHE_CAPACITY=" << cache_capacity << "\n"
+      << "HOROVOD_STEADY_STATE_EXCHANGE=" << steady_exchange << "\n"
+      << "HOROVOD_SMALL_ALLREDUCE_BYTES=" << small_allreduce_bytes << "\n"
+      << "HOROVOD_RING_CHUNK_BYTES=" << ring_chunk_bytes << "\n"
+      << "HOROVOD_HIERARCHICAL_ALLREDUCE=" << hierarchical_allreduce << "\n"
+      << "HOROVOD_HIERARCHICAL_ALLGATHER=" << hierarchical_allgather << "\n"
+      << "HOROVOD_SHM_CONTROL=" << shm_control << "\n"
+      << "HOROVOD_SHM_THREADS=" << shm_threads << "\n"
+      << "HOROVOD_BATCH_WHILE_BUSY=" << batch_while_busy << "\n"
+      << "HOROVOD_AUTOTUNE=" << autotune << "\n";
+  return out.str();
+}
+
+namespace {
+std::map<std::string, std::string> ParseSettings(const std::string& s) {
+  std::map<std::string, std::string> out;
+  std::istringstream in(s);
+  for (std::string line; std::getline(in, line);) {
+    auto eq = line.find('=');
+    if (eq != std::string::npos) out[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return out;
+}
+}  // namespace
+
+std::string SettingsDisagreement(const std::vector<std::string>& per_rank) {
+  if (per_rank.empty()) return "";
+  const auto mine = ParseSettings(per_rank[0]);
+  // knob -> value -> ranks with that value (rank 0's value first)
+  std::map<std::string, std::map<std::string, std::vector<int>>> differ;
+  for (size_t r = 1; r < per_rank.size(); ++r) {
+    if (per_rank[r] == per_rank[0]) continue;
+    for (const auto& kv : ParseSettings(per_rank[r])) {
+      auto it = mine.find(kv.first);
+      const std::string theirs = it == mine.end() ? "(unknown)" : it->second;
+      if (theirs != kv.second) {
+        auto& values = differ[kv.first];
+        if (values.empty()) values[theirs].push_back(0);
+        values[kv.second].push_back(static_cast<int>(r));
+      }
+    }
+  }
+  if (differ.empty()) return "";
+  std::string msg = "ranks were started with different settings that must be equal on every "
+                    "rank (they choose the wire protocol or the algorithm):";
+  for (const auto& knob : differ) {
+    msg += " " + knob.first + " is";
+    bool first = true;
+    for (const auto& value : knob.second) {
+      std::string ranks;
+      for (size_t i = 0; i < value.second.size() && i < 8; ++i) {
+        ranks += (i ? "," : "") + std::to_string(value.second[i]);
+      }
+      if (value.second.size() > 8) ranks += ",...";
+      msg += std::string(first ? "" : ",") + " " + value.first + " on rank" +
+             (value.second.size() > 1 ? "s " : " ") + ranks;
+      first = false;
+    }
+    msg += ";";
+  }
+  msg.back() = '.';
+  return msg + " Set these variables alike on every host (or leave them unset).";
 }
 
 }  // namespace hvd

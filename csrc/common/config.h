@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace hvd {
 
@@ -69,9 +70,10 @@ namespace hvd {
   X(stall_check_s, "HOROVOD_STALL_CHECK_TIME_SECONDS", double, 60.0,                    \
     "Seconds a collective may wait for missing ranks before the coordinator logs "    \
     "which ranks are missing which tensors.")                                         \
-  X(stall_shutdown_s, "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", double, 0.0,             \
-    "If > 0, a collective stalled this long fails the job on every rank with the "    \
-    "stall report instead of waiting forever.")                                       \
+  X(stall_shutdown_s, "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", double, 600.0,           \
+    "A collective stalled this long (some ranks never submitted it) fails the job on " \
+    "every rank with the stall report, as torch.distributed's 10-minute timeout "      \
+    "does; 0 waits forever.")                                                         \
   X(log_level, "HOROVOD_LOG_LEVEL", std::string, "warning",                           \
     "Log verbosity: trace, debug, info, warning, error or fatal.")                    \
   X(log_hide_time, "HOROVOD_LOG_HIDE_TIME", int64_t, 0,                               \
@@ -95,7 +97,31 @@ namespace hvd {
     20, "Settings autotune scores before it keeps the best.")                         \
   X(autotune_gaussian_process_noise, "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",      \
     double, 0.8, "Noise (relative variance) the autotune Gaussian process assumes "   \
-    "in scores.")
+    "in scores.")                                                                     \
+  X(stall_check_disable, "HOROVOD_STALL_CHECK_DISABLE", int64_t, 0,                  \
+    "Horovod's switch: 1 turns the stall check off (no stall report, no stall "       \
+    "shutdown).")                                                                     \
+  X(gloo_timeout_s, "HOROVOD_GLOO_TIMEOUT_SECONDS", double, 0.0,                     \
+    "Horovod's Gloo timeout: if > 0, it replaces HOROVOD_TCP_TIMEOUT and "           \
+    "HOROVOD_START_TIMEOUT (how long a silent peer is waited for).")                  \
+  X(thread_affinity, "HOROVOD_THREAD_AFFINITY", std::string, "",                    \
+    "CPU core of the background thread: one core for every rank, or a comma-"        \
+    "separated list with one core per local rank (Horovod's format).")                \
+  X(mpi_threads_disable, "HOROVOD_MPI_THREADS_DISABLE", int64_t, 0,                  \
+    "1: horovod_torch initialises MPI with MPI_THREAD_SERIALIZED instead of "         \
+    "MPI_THREAD_MULTIPLE (the script must then not call MPI itself).")                \
+  X(torus_allreduce, "HOROVOD_TORUS_ALLREDUCE", int64_t, 0,                          \
+    "Horovod's 2D torus allreduce: 1 selects this engine's two-level (host, then "   \
+    "across hosts) allreduce, as HOROVOD_HIERARCHICAL_ALLREDUCE=1 does.")             \
+  X(disable_group_fusion, "HOROVOD_DISABLE_GROUP_FUSION", int64_t, 0,                \
+    "1: the tensors of a grouped op are fused only with each other, never with "     \
+    "other ops.")                                                                     \
+  X(num_nccl_streams, "HOROVOD_NUM_NCCL_STREAMS", int64_t, 1,                        \
+    "Accepted for Horovod's scripts; the NCCL backend runs one stream per device "   \
+    "(docs/design.md section 8), so other values change nothing.")                   \
+  X(enable_async_completion, "HOROVOD_ENABLE_ASYNC_COMPLETION", int64_t, 0,          \
+    "Accepted for Horovod's scripts; GPU ops always complete asynchronously here "   \
+    "(the caller's stream waits for an event, the host does not).")
 
 struct Config {
 #define HVD_DECLARE_KNOB(member, env, type, def, doc) type member = def;
@@ -105,6 +131,15 @@ struct Config {
   // Reads every knob from the environment; unset variables keep their defaults.
   // A value that does not parse is reported in *error and the default kept.
   static Config FromEnv(std::string* error);
+
+  // The knobs every rank must set alike (they choose the wire protocol or the
+  // algorithm), one "NAME=value" a line. A per-host environment difference in one of
+  // these would give wrong results or a hang; init() compares them instead.
+  std::string ProtocolSettings() const;
 };
+
+// "" if every rank's ProtocolSettings() (index: rank) equals rank 0's; else a message
+// that names each knob that differs and the ranks' values.
+std::string SettingsDisagreement(const std::vector<std::string>& per_rank);
 
 }  // namespace hvd

@@ -1,6 +1,7 @@
 #include "core/controller.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "common/check.h"
 #include "common/logging.h"
@@ -102,6 +103,7 @@ Status Controller::Cycle(std::vector<Request> fresh, bool want_shutdown,
   responses->clear();
   Apply(list, responses);
   *shutdown = list.shutdown;
+  if (list.shutdown) shutdown_rank_ = list.shutdown_rank;
   fast_ok_ = true;  // capacities were checked: the steady-state exchange is safe now
   return Status::Ok();
 }
@@ -205,6 +207,7 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
       return out;
     }
     for (size_t w = 0; w < cache_.num_words(); ++w) out.invalid_bits[w] |= l.invalid_bits[w];
+    if (l.shutdown && !out.shutdown) out.shutdown_rank = static_cast<int32_t>(&l - &lists[0]);
     out.shutdown = out.shutdown || l.shutdown;
   }
   if (joined_.size() != static_cast<size_t>(size)) joined_.assign(size, false);
@@ -280,9 +283,15 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
     ready.emplace_back(p.order, kv.first);
   }
   std::sort(ready.begin(), ready.end());
+  std::map<int64_t, std::string> failed_groups;  // every rank's group id of a failed name
   for (const auto& o : ready) {
     const Pending& p = table_[o.second];
     Response resp = p.count == size ? Match(p.by_rank, size) : MatchJoined(p.by_rank, size);
+    if (!resp.error.empty()) {
+      for (const auto& q : p.by_rank) {
+        if (q.group_id != 0) failed_groups.emplace(q.group_id, resp.error);
+      }
+    }
     if (resp.type == OpType::kJoin && resp.error.empty()) {
       resp.root = last_joined_;
       joined_.assign(size, false);
@@ -291,8 +300,35 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
     out.responses.push_back(std::move(resp));
     table_.erase(o.second);
   }
+  FailRestOfFailedGroups(failed_groups, &out);
   InspectStalls(lists, &out);
   return out;
+}
+
+// A group that failed to match fails whole: members that some ranks submitted and
+// others never will (the ranks' groups differ in size) would otherwise stay pending
+// forever. Ranks that did not submit such a member ignore its error.
+void Controller::FailRestOfFailedGroups(const std::map<int64_t, std::string>& failed,
+                                        ResponseList* out) {
+  if (failed.empty()) return;
+  for (auto it = table_.begin(); it != table_.end();) {
+    const Request* r0 = nullptr;
+    for (const auto& q : it->second.by_rank) {
+      if (!q.name.empty()) r0 = &q;
+    }
+    auto f = r0 == nullptr ? failed.end() : failed.find(r0->group_id);
+    if (r0 == nullptr || r0->group_id == 0 || f == failed.end()) {
+      ++it;
+      continue;
+    }
+    Response resp;
+    resp.type = r0->type;
+    resp.name = it->first;
+    resp.group_id = r0->group_id;
+    resp.error = f->second;
+    out->responses.push_back(std::move(resp));
+    it = table_.erase(it);
+  }
 }
 
 void Controller::TrackPartialBits(const std::vector<uint64_t>& any,
@@ -391,6 +427,16 @@ Response Controller::Match(const std::vector<Request>& reqs, int size) {
     }
   }
   for (const auto& r : reqs) {
+    if (!std::isfinite(r.prescale) || !std::isfinite(r.postscale)) {
+      resp.error = "The scale factors of '" + a.name + "' must be finite numbers: " +
+                   Disagreement(reqs, [](const Request& q) {
+                     return "prescale " + std::to_string(q.prescale) + " / postscale " +
+                            std::to_string(q.postscale);
+                   }) + ".";
+      return resp;
+    }
+  }
+  for (const auto& r : reqs) {
     if ((r.device >= 0) != (a.device >= 0)) {
       return fail("devices", Disagreement(reqs, [](const Request& q) {
                     return std::string(q.device >= 0 ? "a CUDA tensor" : "a CPU tensor");
@@ -418,6 +464,11 @@ Response Controller::Match(const std::vector<Request>& reqs, int size) {
     if (r.root != a.root) {
       return fail("root ranks",
                   Disagreement(reqs, [](const Request& q) { return std::to_string(q.root); }));
+    }
+    if (a.type == OpType::kBroadcast && (a.root < 0 || a.root >= size)) {
+      resp.error = "broadcast of '" + a.name + "': root_rank " + std::to_string(a.root) +
+                   " is out of range [0, " + std::to_string(size) + ") on every rank";
+      return resp;
     }
     if (r.group_id != a.group_id || r.group_size != a.group_size) {
       return fail("groups", Disagreement(reqs, [](const Request& q) {

@@ -64,6 +64,8 @@ class Controller {
   // false: every cycle is a full gather/broadcast cycle (HOROVOD_STEADY_STATE_EXCHANGE=0).
   void SetSteadyExchange(bool on) { steady_exchange_ = on; }
   bool autotune_done() const { return tuner_ == nullptr || tuner_->done(); }
+  // After a cycle that reported shutdown: the lowest rank that asked for it.
+  int shutdown_rank() const { return shutdown_rank_; }
 
   // Coordinator's validation of one name's requests (one per rank, by rank).
   // Exposed for tests.
@@ -111,8 +113,12 @@ class Controller {
   int last_joined_ = -1;
 
   // Stall inspector state: cache positions some ranks have pending, since when.
+  // failed: group id (of any rank's request of a failed name) -> its error.
+  void FailRestOfFailedGroups(const std::map<int64_t, std::string>& failed,
+                              ResponseList* out);
   void InspectStalls(const std::vector<RequestList>& lists, ResponseList* out);
   StallOptions stall_;
+  int shutdown_rank_ = -1;
   std::map<int, std::chrono::steady_clock::time_point> partial_bits_;
   std::chrono::steady_clock::time_point last_stall_log_{};
 

@@ -97,6 +97,8 @@ class HandleState {
     }
     cv_.notify_all();
   }
+  // The op's name ("" for a handle made without one).
+  const std::string& name() const { return name_; }
   // Complete (the host's part; see Poll for GPU ops).
   bool done() const { return done_flag_.load(std::memory_order_acquire); }
   // Done, and for GPU ops also finished on the device.

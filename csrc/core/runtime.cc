@@ -1,8 +1,13 @@
 #include "core/runtime.h"
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <numeric>
+#include <sstream>
 
 #include <ATen/Context.h>
 
@@ -39,6 +44,39 @@ int64_t RowElems(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
+namespace {
+
+StallOptions StallOptionsOf(const Config& config) {
+  if (config.stall_check_disable != 0) {
+    return StallOptions{std::numeric_limits<double>::infinity(), 0.0};
+  }
+  return StallOptions{config.stall_check_s, config.stall_shutdown_s};
+}
+
+// HOROVOD_THREAD_AFFINITY: the core of this rank's background thread, or -1.
+int AffinityCore(const std::string& spec, int local_rank) {
+  std::vector<int> cores;
+  std::stringstream in(spec);
+  for (std::string item; std::getline(in, item, ',');) {
+    try {
+      cores.push_back(std::stoi(item));
+    } catch (const std::exception&) {
+      HVD_LOG(kWarning) << "HOROVOD_THREAD_AFFINITY='" << spec << "' is not a list of cores";
+      return -1;
+    }
+  }
+  if (cores.empty()) return -1;
+  if (cores.size() == 1) return cores[0];
+  if (local_rank >= static_cast<int>(cores.size())) {
+    HVD_LOG(kWarning) << "HOROVOD_THREAD_AFFINITY lists " << cores.size()
+                      << " cores, none for local rank " << local_rank;
+    return -1;
+  }
+  return cores[local_rank];
+}
+
+}  // namespace
+
 Status Runtime::Create(const WorldInfo& world, const Config& config,
                        std::unique_ptr<Runtime>* out) {
   std::unique_ptr<Runtime> rt(new Runtime(world, config));
@@ -59,6 +97,7 @@ Status Runtime::Create(const WorldInfo& world, const Config& config,
   opt.hierarchical_allgather = static_cast<int>(config.hierarchical_allgather);
   opt.shm_control = static_cast<int>(config.shm_control);
   opt.shm_threads = static_cast<int>(config.shm_threads);
+  opt.settings = config.ProtocolSettings();
   if (world.size > 1 && !world.use_mpi) {
     if (world.store_host.empty()) {
       return Status::InvalidArgument(
@@ -78,7 +117,7 @@ Status Runtime::Create(const WorldInfo& world, const Config& config,
   rt->gpu_ = CreateGpuBackend(rt->transport_.get(), world.rank, world.size, config);
   rt->controller_ = std::make_unique<Controller>(
       rt->transport_.get(), static_cast<size_t>(std::max<int64_t>(0, config.cache_capacity)),
-      StallOptions{config.stall_check_s, config.stall_shutdown_s});
+      StallOptionsOf(config));
   rt->controller_->SetSteadyExchange(config.steady_exchange != 0);
   TunedParams initial{config.fusion_threshold_bytes, config.wake_delay_us,
                       config.cache_capacity > 0};
@@ -263,12 +302,8 @@ Status Runtime::CheckLocal(const Submission& s, const std::vector<int>* set_rank
                                    "': bool tensors cannot be averaged or scaled; use Sum (logical "
                                    "or), Min or Max");
   }
-  if (r.type == OpType::kBroadcast && (r.root < 0 || r.root >= set_size)) {
-    return Status::InvalidArgument("broadcast of '" + r.name + "': root_rank " +
-                                   std::to_string(r.root) + " is out of range [0, " +
-                                   std::to_string(set_size) + ")" +
-                                   (s.process_set_id ? " (ranks within the process set)" : ""));
-  }
+  // An out-of-range root_rank is refused by the coordinator, on every rank: refusing
+  // it here would leave the ranks that gave a valid one waiting.
   bool needs_rows = r.type == OpType::kAllgather || r.type == OpType::kAlltoall ||
                     r.type == OpType::kReducescatter;
   if (needs_rows && s.input.dim() == 0) {
@@ -365,6 +400,14 @@ Status Runtime::Submit(std::vector<Submission> subs,
 // passes, negotiate, execute. Any transport error ends the loop and fails every
 // pending and future op; the sockets are shut so peers notice at once too.
 void Runtime::Loop() {
+  if (int core = AffinityCore(config_.thread_affinity, world_.local_rank); core >= 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(core, &set);
+    if (pthread_setaffinity_np(pthread_self(), sizeof(set), &set) != 0) {
+      HVD_LOG(kWarning) << "could not pin the background thread to core " << core;
+    }
+  }
   auto cycle = std::chrono::microseconds(static_cast<int64_t>(config_.cycle_time_ms * 1000));
   auto spin = std::chrono::microseconds(static_cast<int64_t>(config_.spin_us));
   bool busy = false;  // the last cycle ran work
@@ -437,7 +480,9 @@ void Runtime::Loop() {
       return;
     }
     if (shutdown) {
-      FailAll(Status::Aborted("horovod_torch was shut down (a rank called hvd.shutdown()) "
+      FailAll(Status::Aborted("horovod_torch was shut down by rank " +
+                              std::to_string(controller_->shutdown_rank()) +
+                              " (it called hvd.shutdown(), or its process is exiting) "
                               "before this op completed"));
       timeline_.Stop();
       return;
@@ -511,12 +556,17 @@ Status Runtime::Execute(ProcessSetState& ps, const std::vector<Response>& respon
     }
   }
   for (const auto& batch :
-       PlanFusion(responses, controller_->params().fusion_threshold_bytes)) {
+       PlanFusion(responses, controller_->params().fusion_threshold_bytes,
+                  config_.disable_group_fusion != 0)) {
     std::vector<Entry> entries;
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (size_t i : batch) {
         auto it = pending_.find(responses[i].name);
+        if (it == pending_.end() && !responses[i].error.empty()) {
+          entries.push_back(Entry{});  // a failed group's member this rank never had
+          continue;
+        }
         if (it == pending_.end()) {
           // Only a rank that joined runs ops it did not submit: with zeros.
           HVD_CHECK(joined_);
@@ -527,15 +577,15 @@ Status Runtime::Execute(ProcessSetState& ps, const std::vector<Response>& respon
         pending_.erase(it);
       }
     }
+    const Response& first = responses[batch[0]];
+    if (!first.error.empty()) {  // errors are batches of one
+      if (entries[0].handle) entries[0].handle->Complete(Status::Mismatch(first.error));
+      continue;
+    }
     for (size_t k = 0; k < batch.size(); ++k) {
       if (!entries[k].handle) entries[k] = JoinedEntry(responses[batch[k]]);
     }
-    const Response& first = responses[batch[0]];
     Status st;
-    if (!first.error.empty()) {
-      entries[0].handle->Complete(Status::Mismatch(first.error));
-      continue;
-    }
     std::vector<Response> rs;
     for (size_t i : batch) rs.push_back(responses[i]);
     if (first.on_gpu) {
@@ -610,7 +660,7 @@ Status Runtime::ChangeProcessSets(const Response& r, Entry& e) {
     ps->transport = ps->own_transport.get();
     ps->own_controller = std::make_unique<Controller>(
         ps->transport, static_cast<size_t>(std::max<int64_t>(0, config_.cache_capacity)),
-        StallOptions{config_.stall_check_s, config_.stall_shutdown_s});
+        StallOptionsOf(config_));
     ps->controller = ps->own_controller.get();
     ps->controller->SetSteadyExchange(config_.steady_exchange != 0);
     ps->controller->SetInitialParams(controller_->params());

@@ -212,11 +212,13 @@ class MpiCommunicator : public Communicator {
 
 bool MpiBuilt() { return true; }
 
-Status MpiSetup(const std::vector<int>& ranks, int64_t fortran_handle, MpiWorld* world) {
+Status MpiSetup(const std::vector<int>& ranks, int64_t fortran_handle, bool serialized,
+                MpiWorld* world) {
   int initialized = 0, provided = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
-    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
+    const int wanted = serialized ? MPI_THREAD_SERIALIZED : MPI_THREAD_MULTIPLE;
+    if (MPI_Init_thread(nullptr, nullptr, wanted, &provided) != MPI_SUCCESS) {
       return Status::Aborted("MPI_Init_thread failed");
     }
     if (!g_we_initialized) std::atexit(FinalizeAtExit);

@@ -319,7 +319,11 @@ Status NcclBackend::Execute(const std::vector<Response>& batch, std::vector<Entr
       HVD_RETURN_IF_ERROR(Reducescatter(*d, r, entries[0], &outs[0]));
       break;
     case OpType::kBarrier:
-      return Status::Aborted("internal: barrier sent to the GPU backend");
+    case OpType::kJoin:
+    case OpType::kAddProcessSet:
+    case OpType::kRemoveProcessSet:
+      return Status::Aborted(std::string("internal: ") + OpTypeName(r.type) +
+                             " sent to the GPU backend");
   }
   auto done = std::make_shared<NcclEvent>(device);
   done->Record(stream);

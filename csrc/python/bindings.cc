@@ -11,9 +11,12 @@
 #include <torch/csrc/dynamo/compiled_autograd.h>
 #endif
 
+#include <unistd.h>
+
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <limits>
 #include <unordered_set>
 
 #include "common/config.h"
@@ -30,10 +33,11 @@ namespace {
 struct Globals {
   std::mutex mu;
   std::unique_ptr<Runtime> runtime;  // GUARDED_BY(mu)
+  pid_t owner = 0;                   // GUARDED_BY(mu): the process that created it
   HandleTable handles;
-  std::map<int32_t, int64_t> next_group;  // GUARDED_BY(mu): last group id, per process set
   bool mpi_threads = false;               // GUARDED_BY(mu): MPI_THREAD_MULTIPLE granted
   std::atomic<double> wait_spin_us{0};    // HOROVOD_SPIN_US of the last init()
+  std::atomic<double> stall_warn_s{60};   // HOROVOD_STALL_CHECK_TIME_SECONDS (inf: off)
   std::atomic<bool> native_grad_hooks{true};  // HOROVOD_NATIVE_GRAD_HOOKS of the last init()
 };
 
@@ -42,11 +46,36 @@ Globals& G() {
   return *g;
 }
 
+// A child forked after init() (a DataLoader worker, multiprocessing) holds a copy of
+// the parent's runtime without its threads: it must neither run collectives nor
+// tear down what the parent shares with it (sockets, shared memory). Called with
+// G().mu held.
+bool ForkedChild() { return G().runtime && G().owner != getpid(); }
+
+Status ForkedChildError() {
+  return Status::InvalidArgument(
+      "horovod_torch was initialised in process " + std::to_string(G().owner) +
+      "; this process (" + std::to_string(getpid()) +
+      ") is a child forked from it and cannot run collectives (run them in the parent, "
+      "or start the child with the 'spawn' method and call hvd.init() there as a job of "
+      "its own)");
+}
+
 // init() after the engine died (an error stopped its loop) brings up a fresh one,
 // so one failed step or test never poisons the rest of the process. Called with
 // G().mu held.
 void DropStoppedRuntime() {
-  if (G().runtime && G().runtime->stopped()) G().runtime.reset();
+  if (G().runtime && !ForkedChild() && G().runtime->stopped()) G().runtime.reset();
+}
+
+// The one wording, also basics.py's (Horovod's).
+constexpr const char* kNotInitialized = "Horovod has not been initialized; use hvd.init().";
+
+// How long a caller waits before it logs where it waits (the stall check time).
+double StallWarnSeconds(const Config& config) {
+  return config.stall_check_disable != 0 || config.stall_check_s <= 0
+             ? std::numeric_limits<double>::infinity()
+             : config.stall_check_s;
 }
 
 py::tuple Err(const Status& s) { return py::make_tuple(static_cast<int>(s.code()), s.message()); }
@@ -74,11 +103,10 @@ py::tuple Init(int rank, int size, int local_rank, int local_size, int cross_ran
       st = Runtime::Create(w, config, &rt);
       if (st.ok()) G().runtime = std::move(rt);
       if (G().runtime) G().wait_spin_us = G().runtime->spin_us();
+      G().owner = getpid();
+      G().stall_warn_s = StallWarnSeconds(config);
       G().native_grad_hooks = config.native_grad_hooks != 0;
     }
-    // Group ids must match across ranks; workers that joined later (elastic)
-    // count from 1 too.
-    G().next_group.clear();
   }
   return Err(st);
 }
@@ -88,6 +116,7 @@ void Shutdown() {
   std::unique_ptr<Runtime> rt;
   {
     std::lock_guard<std::mutex> lock(G().mu);
+    if (ForkedChild()) return;  // the parent's engine: not ours to stop
     rt = std::move(G().runtime);
   }
   rt.reset();  // negotiated shutdown, joins the background thread
@@ -110,7 +139,7 @@ py::tuple InitMpi(std::vector<int> ranks, int64_t fortran_handle) {
     DropStoppedRuntime();
     if (!G().runtime) {
       MpiWorld m;
-      st = MpiSetup(ranks, fortran_handle, &m);
+      st = MpiSetup(ranks, fortran_handle, config.mpi_threads_disable != 0, &m);
       if (st.ok()) {
         SetLogRank(m.rank);
         G().mpi_threads = m.threads_supported;
@@ -126,9 +155,10 @@ py::tuple InitMpi(std::vector<int> ranks, int64_t fortran_handle) {
         st = Runtime::Create(w, config, &rt);
         if (st.ok()) G().runtime = std::move(rt);
         if (G().runtime) G().wait_spin_us = G().runtime->spin_us();
+        G().owner = getpid();
+        G().stall_warn_s = StallWarnSeconds(config);
       }
     }
-    G().next_group.clear();
   }
   return Err(st);
 }
@@ -140,7 +170,9 @@ py::tuple ControlTimeline(bool start, const std::string& path, bool mark_cycles)
     py::gil_scoped_release nogil;
     std::lock_guard<std::mutex> lock(G().mu);
     if (!G().runtime) {
-      st = Status::InvalidArgument("horovod_torch has not been initialized; call hvd.init() first");
+      st = Status::InvalidArgument(kNotInitialized);
+    } else if (ForkedChild()) {
+      st = ForkedChildError();
     } else if (start) {
       st = G().runtime->StartTimeline(path, mark_cycles);
     } else {
@@ -179,9 +211,23 @@ Status SubmitToRuntime(std::vector<Submission> subs,
                        std::vector<std::shared_ptr<HandleState>>* states) {
   std::lock_guard<std::mutex> lock(G().mu);
   if (!G().runtime) {
-    return Status::InvalidArgument("horovod_torch has not been initialized; call hvd.init() first");
+    return Status::InvalidArgument(kNotInitialized);
   }
+  if (ForkedChild()) return ForkedChildError();
   return G().runtime->Submit(std::move(subs), states);
+}
+
+// A group's id: a hash of its members' names, so that it is the same on every rank
+// whatever order the ranks submit their groups in (0 means "not grouped"). Names in
+// flight are unique, so two pending groups never share an id but by a 64-bit collision.
+int64_t GroupId(const std::vector<std::string>& names) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a, each name followed by a 0xff
+  for (const auto& name : names) {
+    for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+    h = (h ^ 0xffu) * 1099511628211ull;
+  }
+  const auto id = static_cast<int64_t>(h >> 1);
+  return id == 0 ? 1 : id;
 }
 
 // Submits one op per input; a group (grouped=true) is atomic and negotiated together.
@@ -190,11 +236,7 @@ py::tuple Submit(int type, std::vector<at::Tensor> inputs,
                  int op, int root, double prescale, double postscale,
                  std::vector<int64_t> splits, bool grouped, int process_set_id) {
   std::vector<Submission> subs(inputs.size());
-  int64_t group = 0;
-  if (grouped) {
-    std::lock_guard<std::mutex> lock(G().mu);
-    group = ++G().next_group[process_set_id];  // members of a set count alike
-  }
+  const int64_t group = grouped ? GroupId(names) : 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
     Submission& s = subs[i];
     s.request.type = static_cast<OpType>(type);
@@ -262,10 +304,33 @@ py::tuple Result(const HandleState& h) {
   return py::make_tuple(static_cast<int>(st.code()), st.message(), out, splits);
 }
 
+// "file:line in function" of the innermost Python frame outside horovod_torch (the
+// user's call), or "(unknown)". Needs the GIL.
+std::string PythonCaller() {
+  try {
+    py::object stack = py::module_::import("traceback").attr("extract_stack")();
+    const std::string pkg = py::module_::import("os.path").attr("dirname")(
+        py::module_::import("horovod_torch").attr("__file__")).cast<std::string>();
+    const py::list frames(stack);
+    for (size_t i = frames.size(); i-- > 0;) {
+      py::handle frame = frames[i];
+      std::string file = frame.attr("filename").cast<std::string>();
+      if (file.rfind(pkg, 0) == 0) continue;
+      return file + ":" + std::to_string(frame.attr("lineno").cast<int>()) + " in " +
+             frame.attr("name").cast<std::string>();
+    }
+  } catch (const py::error_already_set&) {
+  }
+  return "(unknown)";
+}
+
 // Waits for `h` with the GIL released (called with it held). Every 100 ms it looks
 // at Python's signals, so that Ctrl-C, or a test runner's timeout, interrupts a
 // collective that never completes as it interrupts any other call: it then throws
 // py::error_already_set (the op goes on; its name is freed once it completes).
+// A wait longer than the stall check time logs, once, where this rank waits: the
+// Python file and line of the caller (read only then, so it costs nothing before),
+// beside the coordinator's report of which ranks are missing which tensors.
 void WaitInterruptibly(HandleState& h, double spin_us) {
   constexpr std::chrono::milliseconds kSignalCheck(100);
   bool done = h.done();
@@ -273,8 +338,18 @@ void WaitInterruptibly(HandleState& h, double spin_us) {
     py::gil_scoped_release nogil;
     done = h.Wait(spin_us, kSignalCheck);
   }
+  const auto start = std::chrono::steady_clock::now();
+  bool told = false;
   while (!done) {
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (!told && waited >= G().stall_warn_s.load()) {
+      told = true;
+      HVD_LOG(kWarning) << "this rank has waited " << static_cast<int>(waited) << " s for '"
+                        << h.name() << "' at " << PythonCaller()
+                        << " (see the coordinator's stall report for the missing ranks)";
+    }
     py::gil_scoped_release nogil;
     done = h.Wait(0, kSignalCheck);
   }

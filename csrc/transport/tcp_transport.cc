@@ -13,6 +13,7 @@
 #include <deque>
 #include <mutex>
 
+#include "common/config.h"
 #include "common/logging.h"
 #include "transport/shm.h"
 
@@ -43,6 +44,10 @@ struct TcpTransport::Mesh {
   // that finished the last cycle and left, or one that died): polled again only
   // for a transfer, which reads what they sent before leaving, then fails.
   std::vector<bool> hung_up;
+  // The first peer seen hanging up (-1: none). When a peer dies, the ranks that
+  // notice first abort and close their sockets too; a rank that then loses one of
+  // those names the first one instead, the rank that most likely died.
+  int first_hung_up = -1;
 
   // A connection accepted on the listener whose job-secret handshake is under way:
   // the nonce went out, the reply frame is being read without blocking.
@@ -160,10 +165,13 @@ Status TcpTransport::Create(StoreClient* store, const std::string& prefix, int r
     // Waiting on a peer here is waiting for the slowest rank to arrive, so the
     // start timeout applies on top of the I/O one.
     t->options_.io_timeout_s = options.connect_timeout_s + options.io_timeout_s;
-    std::vector<std::string> unused;
-    std::string go;
-    Status st = t->Gather(std::string(), &unused);
-    if (st.ok()) st = t->Bcast(&go);
+    // It carries each rank's settings to rank 0, and rank 0's verdict back.
+    std::vector<std::string> settings;
+    std::string verdict;
+    Status st = t->Gather(options.settings, &settings);
+    if (st.ok() && rank == 0) verdict = SettingsDisagreement(settings);
+    if (st.ok()) st = t->Bcast(&verdict);
+    if (st.ok() && !verdict.empty()) st = Status::InvalidArgument(verdict);
     t->options_.io_timeout_s = options.io_timeout_s;
     if (!st.ok()) {
       // The rank that saw the cause (a rank that never came) leaves it in the
@@ -340,6 +348,37 @@ Status TcpTransport::Run(std::vector<Xfer>& xs) {
       }
     }
     if (rc == 0) continue;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (who[i] >= 0 && (fds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) &&
+          m.first_hung_up < 0) {
+        m.first_hung_up = global_[who[i]];
+      }
+    }
+    // Which rank to blame when the connection to peer p fails. A rank that loses a
+    // peer leaves a note in the store (under this mesh's prefix) naming the rank it
+    // blames, before it aborts and closes its own connections; so a rank that then
+    // loses that one names the rank that died, not the messenger.
+    auto lost = [&](int p, const std::string& why) {
+      const int g = global_[p];
+      int blamed = g;
+      std::string detail = why;
+      std::string note;
+      bool found = false;
+      if (m.store != nullptr &&
+          m.store->TryGet(m.prefix + "/lost/" + std::to_string(g), &note, &found).ok() &&
+          found) {
+        blamed = std::atoi(note.c_str());
+        detail = "rank " + std::to_string(g) + " lost it first and closed; then " + why;
+      } else if (m.first_hung_up >= 0 && m.first_hung_up != g) {
+        blamed = m.first_hung_up;
+        detail = "it hung up first; then rank " + std::to_string(g) + ": " + why;
+      }
+      if (m.store != nullptr) {
+        m.store->Set(m.prefix + "/lost/" + std::to_string(global_[rank_]),
+                     std::to_string(blamed));
+      }
+      return Status::Aborted(PeerLost(blamed, detail));
+    };
     std::vector<size_t> finished;  // incoming handshakes done this round
     for (size_t i = 0; i < fds.size(); ++i) {
       short re = fds[i].revents;
@@ -355,6 +394,9 @@ Status TcpTransport::Run(std::vector<Xfer>& xs) {
         continue;
       }
       int p = who[i];
+      if ((re & POLLRDHUP) && recvq[p].empty() && !sendq[p].empty()) {
+        return lost(p, "closed by the other side");  // it will never read what we send
+      }
       if (sendq[p].empty() && recvq[p].empty()) {
         // Not an error by itself: after the final cycle ranks leave at different
         // times. If the peer died, whoever waits on it fails and aborts, and the
@@ -366,10 +408,10 @@ Status TcpTransport::Run(std::vector<Xfer>& xs) {
         while (!recvq[p].empty()) {
           Xfer* x = recvq[p].front();
           ssize_t n = ::recv(fds[i].fd, x->buf + x->done, x->len - x->done, MSG_DONTWAIT);
-          if (n == 0) return Status::Aborted(PeerLost(global_[p], "closed by the other side"));
+          if (n == 0) return lost(p, "closed by the other side");
           if (n < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
-            return Status::Aborted(PeerLost(global_[p], std::strerror(errno)));
+            return lost(p, std::strerror(errno));
           }
           x->done += static_cast<size_t>(n);
           last_progress = Clock::now();
@@ -386,7 +428,7 @@ Status TcpTransport::Run(std::vector<Xfer>& xs) {
                              MSG_DONTWAIT | MSG_NOSIGNAL);
           if (n < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
-            return Status::Aborted(PeerLost(global_[p], std::strerror(errno)));
+            return lost(p, std::strerror(errno));
           }
           x->done += static_cast<size_t>(n);
           last_progress = Clock::now();
@@ -396,7 +438,7 @@ Status TcpTransport::Run(std::vector<Xfer>& xs) {
           --pending;
         }
       } else if ((re & (POLLERR | POLLHUP)) && recvq[p].empty()) {
-        return Status::Aborted(PeerLost(global_[p], "socket hung up"));
+        return lost(p, "socket hung up");
       }
     }
     std::sort(finished.rbegin(), finished.rend());

@@ -58,6 +58,9 @@ struct TcpOptions {
   // Which host this rank is on; empty: detected (boot id and network namespace).
   // Tests set it to make threads of one process look like several hosts.
   std::string host_key;
+  // Settings every rank must share (Config::ProtocolSettings): rank 0 compares them
+  // in the start-up barrier, and every rank fails init() with the difference.
+  std::string settings;
 };
 
 class ShmGroup;

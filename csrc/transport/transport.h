@@ -105,11 +105,13 @@ struct MpiWorld {
   bool threads_supported = false;
 };
 bool MpiBuilt();
-// Initialises MPI if nobody has (MPI_THREAD_MULTIPLE) and prepares the job's
-// communicator: a duplicate of `fortran_handle`'s communicator (0: MPI_COMM_WORLD),
-// or, if `ranks` is non-empty, the sub-communicator of those MPI_COMM_WORLD ranks.
-// Collective over that communicator's (or MPI_COMM_WORLD's) processes.
-Status MpiSetup(const std::vector<int>& ranks, int64_t fortran_handle, MpiWorld* world);
+// Initialises MPI if nobody has (MPI_THREAD_MULTIPLE, or MPI_THREAD_SERIALIZED with
+// `serialized`: HOROVOD_MPI_THREADS_DISABLE) and prepares the job's communicator: a
+// duplicate of `fortran_handle`'s communicator (0: MPI_COMM_WORLD), or, if `ranks`
+// is non-empty, the sub-communicator of those MPI_COMM_WORLD ranks. Collective over
+// that communicator's (or MPI_COMM_WORLD's) processes.
+Status MpiSetup(const std::vector<int>& ranks, int64_t fortran_handle, bool serialized,
+                MpiWorld* world);
 // The communicator MpiSetup prepared (each setup yields one).
 Status CreateMpiCommunicator(std::unique_ptr<Communicator>* out);
 

@@ -134,6 +134,7 @@ std::string Encode(const ResponseList& list) {
   Writer w;
   w.U32(kResponseMagic);
   w.U8(list.shutdown ? 1 : 0);
+  if (list.shutdown) w.I32(list.shutdown_rank);
   w.Str(list.fatal);
   w.U64s(list.ready_bits);
   w.U64s(list.invalid_bits);
@@ -169,6 +170,7 @@ Status Decode(const std::string& bytes, ResponseList* list) {
   Reader rd(bytes);
   if (rd.U32() != kResponseMagic) return Status::Aborted("bad response-list magic from a peer");
   list->shutdown = rd.U8() != 0;
+  list->shutdown_rank = list->shutdown ? rd.I32() : -1;
   list->fatal = rd.Str();
   list->ready_bits = rd.U64s();
   list->invalid_bits = rd.U64s();

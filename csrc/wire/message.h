@@ -79,6 +79,7 @@ struct ResponseList {
   std::vector<uint64_t> invalid_bits;  // OR over ranks
   std::vector<Response> responses;     // new (uncached) responses, in execution order
   bool shutdown = false;
+  int32_t shutdown_rank = -1;  // with shutdown: the lowest rank that asked
   std::string fatal;  // non-empty: the job stops; every rank fails with this message
   // Autotune: the coordinator's new setting, applied by every rank this cycle.
   bool has_params = false;

@@ -478,6 +478,8 @@ def _check_remote_options(parser: argparse.ArgumentParser,
                           args: argparse.Namespace) -> None:
     """Validates --nics and the ssh options; sets args.nic_list."""
     args.nic_list = None
+    if args.nics is None and os.environ.get("HOROVOD_GLOO_IFACE"):
+        args.nics = os.environ["HOROVOD_GLOO_IFACE"]  # Horovod's variable for the same choice
     if args.nics is not None:
         try:
             args.nic_list = list(dict.fromkeys(network.parse_nics(args.nics)))

@@ -101,6 +101,7 @@ ResponseList SampleResponseList() {
   l.ready_bits = {1, 2, 3};
   l.invalid_bits = {};
   l.shutdown = true;
+  l.shutdown_rank = 5;
   return l;
 }
 
@@ -180,6 +181,7 @@ TEST(Message, ResponseListRoundTrip) {
   ResponseList out;
   ASSERT_TRUE(Decode(bytes, &out).ok());
   EXPECT_EQ(out.shutdown, in.shutdown);
+  EXPECT_EQ(out.shutdown_rank, in.shutdown_rank);
   EXPECT_EQ(out.ready_bits, in.ready_bits);
   EXPECT_EQ(out.invalid_bits, in.invalid_bits);
   ASSERT_EQ(out.responses.size(), in.responses.size());
