@@ -168,4 +168,7 @@ setup(
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
     entry_points={"console_scripts": ["horovodrun = horovod_torch.runner.launch:main"]},
     python_requires=">=3.9",
+    # numpy: tensors to bytes (broadcast_object, optimizer state); cloudpickle:
+    # horovod.run's functions; packaging: version checks of horovod.common.util.
+    install_requires=["torch", "numpy", "cloudpickle", "packaging"],
 )
