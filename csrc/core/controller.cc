@@ -307,7 +307,8 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
 
 // A group that failed to match fails whole: members that some ranks submitted and
 // others never will (the ranks' groups differ in size) would otherwise stay pending
-// forever. Ranks that did not submit such a member ignore its error.
+// forever. The response lists the ranks that submitted the member (in rank_rows);
+// the others ignore it, also if they have since submitted an op of that name.
 void Controller::FailRestOfFailedGroups(const std::map<int64_t, std::string>& failed,
                                         ResponseList* out) {
   if (failed.empty()) return;
@@ -326,6 +327,9 @@ void Controller::FailRestOfFailedGroups(const std::map<int64_t, std::string>& fa
     resp.name = it->first;
     resp.group_id = r0->group_id;
     resp.error = f->second;
+    for (size_t r = 0; r < it->second.by_rank.size(); ++r) {
+      if (!it->second.by_rank[r].name.empty()) resp.rank_rows.push_back(static_cast<int64_t>(r));
+    }
     out->responses.push_back(std::move(resp));
     it = table_.erase(it);
   }
