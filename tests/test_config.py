@@ -23,3 +23,30 @@ def test_bad_knob_value_is_a_clear_error(monkeypatch):
     assert "HOROVOD_CYCLE_TIME='soon' is not a number" in msg, msg
     assert not msg.endswith("; "), msg
     assert not hvd.is_initialized()
+
+
+def test_horovod_stall_check_disable_silences_the_stall_report():
+    """Horovod's HOROVOD_STALL_CHECK_DISABLE=1: no report for a 3 s stall that is
+    reported without it (the check time is 1 s in both runs)."""
+    from tests.harness import run_workers
+    env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "1"}
+    loud = run_workers("tests.workers:late_rank", 2, args=["3"], env=env, timeout=60)
+    assert "stalled collectives" in loud[0].output
+    quiet = run_workers("tests.workers:late_rank", 2, args=["3"], timeout=60,
+                        env=dict(env, HOROVOD_STALL_CHECK_DISABLE="1"))
+    assert "stalled" not in quiet[0].output and "has waited" not in quiet[0].output
+
+
+def test_horovod_thread_affinity_pins_the_background_thread():
+    from tests.harness import run_workers
+    run_workers("tests.workers:pinned_background_thread", 2,
+                env={"HOROVOD_THREAD_AFFINITY": "0,1"}, timeout=60)
+
+
+def test_horovod_gloo_timeout_bounds_the_rendezvous():
+    """HOROVOD_GLOO_TIMEOUT_SECONDS=2 stands for the start timeout: rank 0 stops
+    waiting for a rank that is not there within seconds (the default is 30 s)."""
+    from tests.harness import run_workers
+    results = run_workers("tests.workers:missing_rank_times_out", 2, timeout=60,
+                          env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "2"})
+    assert "gave up after" in results[0].output

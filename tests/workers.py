@@ -304,6 +304,44 @@ def reinit(times: str = "20") -> None:
     print("reinit ok", flush=True)
 
 
+def late_rank(delay_s: str) -> None:
+    """Rank 1 submits its allreduce `delay_s` seconds after rank 0 (a short stall)."""
+    hvd.init()
+    if hvd.rank() == 1:
+        time.sleep(float(delay_s))
+    hvd.allreduce(torch.ones(2), name="late_one")
+    hvd.shutdown()
+    print("late rank ok", flush=True)
+
+
+def pinned_background_thread() -> None:
+    """HOROVOD_THREAD_AFFINITY (one core per local rank): a thread of this process,
+    the engine's, runs on this rank's core only."""
+    hvd.init()
+    want = str(hvd.local_rank())
+    pinned = []
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/status") as f:
+            for line in f:
+                if line.startswith("Cpus_allowed_list:") and line.split()[1] == want:
+                    pinned.append(tid)
+    assert pinned, "no thread pinned to core " + want
+    hvd.shutdown()
+    print(f"pinned threads on core {want}: {pinned}", flush=True)
+
+
+def missing_rank_times_out() -> None:
+    """Rank 1 starts late; rank 0's init() gives up after HOROVOD_GLOO_TIMEOUT_SECONDS."""
+    if int(os.environ["HOROVOD_RANK"]) == 1:
+        time.sleep(12)
+        return
+    t0 = time.monotonic()
+    expect_raises(hvd.HorovodInternalError, hvd.init, "rank 1")
+    elapsed = time.monotonic() - t0
+    assert elapsed < 8, elapsed
+    print(f"gave up after {elapsed:.1f} s", flush=True)
+
+
 def settings_differ(knob: str) -> None:
     """The test sets `knob` differently on rank 1: init() fails on every rank, within
     the start timeout, naming the knob and both values."""

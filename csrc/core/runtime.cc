@@ -152,6 +152,15 @@ Status Runtime::Create(const WorldInfo& world, const Config& config,
                  << (config.autotune != 0 && world.rank == 0 ? ", autotune on" : "")
                  << (rt->timeline_.active() ? ", timeline " + config.timeline : std::string());
   rt->thread_ = std::thread([r = rt.get()] { r->Loop(); });
+  // Pinned here rather than by the thread itself: pinned before init() returns.
+  if (int core = AffinityCore(config.thread_affinity, world.local_rank); core >= 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(core, &set);
+    if (pthread_setaffinity_np(rt->thread_.native_handle(), sizeof(set), &set) != 0) {
+      HVD_LOG(kWarning) << "could not pin the background thread to core " << core;
+    }
+  }
   *out = std::move(rt);
   return Status::Ok();
 }
@@ -400,14 +409,6 @@ Status Runtime::Submit(std::vector<Submission> subs,
 // passes, negotiate, execute. Any transport error ends the loop and fails every
 // pending and future op; the sockets are shut so peers notice at once too.
 void Runtime::Loop() {
-  if (int core = AffinityCore(config_.thread_affinity, world_.local_rank); core >= 0) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(core, &set);
-    if (pthread_setaffinity_np(pthread_self(), sizeof(set), &set) != 0) {
-      HVD_LOG(kWarning) << "could not pin the background thread to core " << core;
-    }
-  }
   auto cycle = std::chrono::microseconds(static_cast<int64_t>(config_.cycle_time_ms * 1000));
   auto spin = std::chrono::microseconds(static_cast<int64_t>(config_.spin_us));
   bool busy = false;  // the last cycle ran work
@@ -562,9 +563,14 @@ Status Runtime::Execute(ProcessSetState& ps, const std::vector<Response>& respon
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (size_t i : batch) {
-        auto it = pending_.find(responses[i].name);
-        if (it == pending_.end() && !responses[i].error.empty()) {
-          entries.push_back(Entry{});  // a failed group's member this rank never had
+        const Response& resp = responses[i];
+        auto it = pending_.find(resp.name);
+        const bool not_ours =  // a failed group's member this rank did not submit
+            !resp.error.empty() && !resp.rank_rows.empty() &&
+            std::find(resp.rank_rows.begin(), resp.rank_rows.end(), ps.transport->rank()) ==
+                resp.rank_rows.end();
+        if (not_ours || (it == pending_.end() && !resp.error.empty())) {
+          entries.push_back(Entry{});
           continue;
         }
         if (it == pending_.end()) {
