@@ -291,8 +291,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         self._compression = compression
         self.backward_passes_per_step = backward_passes_per_step
         all_params = [p for g in self.param_groups for p in g["params"]]
-        names = _parameter_names(all_params, named_parameters)
-        self._delta_names = {p: "adasum.delta." + names[p] for p in names}
+        self._parameter_names = _parameter_names(all_params, named_parameters)
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         self.backward_passes_per_step = passes
@@ -314,7 +313,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
             compressed, ctx = self._compression.compress(p.detach() - s)
             deltas.append(compressed.contiguous())
             ctxs.append(ctx)
-        handles = [allreduce_async_(d, name=self._delta_names[p], op=Adasum)
+        handles = [allreduce_async_(d, name="adasum.delta." + self._parameter_names[p], op=Adasum)
                    for p, d in zip(params, deltas)]
         with torch.no_grad():
             for p, s, h, ctx in zip(params, start, handles, ctxs):

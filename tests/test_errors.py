@@ -29,7 +29,10 @@ def test_dead_peer_fails_survivors_with_internal_error(mode):
 def test_dead_peer_in_shared_memory_fails_survivors_and_leaves_nothing():
     """Every op through the host's segment: a SIGKILLed rank is seen by the others
     (its pid is watched) within seconds, and no file is left in /dev/shm."""
-    before = set(os.listdir("/dev/shm"))
+    # Only our files: other processes on a busy machine come and go in /dev/shm (#22).
+    def ours():
+        return {f for f in os.listdir("/dev/shm") if f.startswith("horovod_torch")}
+    before = ours()
     env = {"HOROVOD_HIERARCHICAL_ALLREDUCE": "1", "HOROVOD_HIERARCHICAL_ALLGATHER": "1"}
     results = run_workers("tests.workers:dead_peer", 3, args=["kill"], env=env, timeout=90,
                           expect_ok=False)
@@ -37,7 +40,7 @@ def test_dead_peer_in_shared_memory_fails_survivors_and_leaves_nothing():
     for r in results[:2]:
         assert r.returncode == 0, r.output
         assert "dead peer noticed" in r.output
-    assert set(os.listdir("/dev/shm")) <= before
+    assert ours() <= before
 
 
 def test_reinit_many_times():

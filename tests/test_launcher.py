@@ -233,6 +233,11 @@ def test_check_build() -> None:
     for needle in ("[X] PyTorch", "[X] TCP (Gloo-compatible)", "] MPI",
                    "] NCCL", "Available Tensor Operations:"):
         assert needle in result.stdout
+    # NCCL is ticked only where it can run: built and a GPU visible (#22).
+    import torch
+    import horovod_torch
+    if horovod_torch.nccl_built() and not torch.cuda.is_available():
+        assert "[ ] NCCL (built, no GPU visible)" in result.stdout, result.stdout
 
 
 # -- topology and environment -------------------------------------------------

@@ -662,6 +662,15 @@ def check_build() -> int:
     def box(flag: bool) -> str:
         return "[X]" if flag else "[ ]"
 
+    import torch  # pylint: disable=import-outside-toplevel
+
+    # What is built and what is usable now: NCCL built on a machine without a GPU is
+    # built, not usable.
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not horovod_torch.nccl_built():
+        nccl = "not built"
+    else:
+        nccl = f"built, {gpus} GPU(s) visible" if gpus else "built, no GPU visible"
     version = getattr(horovod_torch, "__version__", "unknown")
     print(f"horovod_torch v{version}:\n\n"
           "Available Frameworks:\n"
@@ -670,7 +679,7 @@ def check_build() -> int:
           "    [X] TCP (Gloo-compatible)\n"
           f"    {box(horovod_torch.mpi_built())} MPI\n\n"
           "Available Tensor Operations:\n"
-          f"    {box(horovod_torch.nccl_built())} NCCL\n"
+          f"    {box(horovod_torch.nccl_built() and gpus > 0)} NCCL ({nccl})\n"
           "    [X] TCP")
     return 0
 
