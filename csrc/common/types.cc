@@ -179,13 +179,10 @@ void ScaleTyped(T* buf, size_t n, double factor) {
   for (size_t i = 0; i < n; ++i) buf[i] = static_cast<T>(buf[i] * factor);
 }
 
-// Floating-point values are scaled in double and rounded once to their type, so an
-// Average (x * (1/size)) gives the correctly rounded x / size, as Horovod does.
 template <float (*ToF)(uint16_t), uint16_t (*FromF)(float)>
 void ScaleHalf(uint16_t* buf, size_t n, double factor) {
-  for (size_t i = 0; i < n; ++i) {
-    buf[i] = FromF(static_cast<float>(static_cast<double>(ToF(buf[i])) * factor));
-  }
+  float f = static_cast<float>(factor);
+  for (size_t i = 0; i < n; ++i) buf[i] = FromF(ToF(buf[i]) * f);
 }
 
 }  // namespace
@@ -225,7 +222,12 @@ void ScaleBuffer(void* buf, size_t n, DataType dtype, double factor) {
     case DataType::kInt16: return ScaleTyped(static_cast<int16_t*>(buf), n, factor);
     case DataType::kInt32: return ScaleTyped(static_cast<int32_t*>(buf), n, factor);
     case DataType::kInt64: return ScaleTyped(static_cast<int64_t*>(buf), n, factor);
-    case DataType::kFloat32: return ScaleTyped(static_cast<float*>(buf), n, factor);
+    case DataType::kFloat32: {
+      float* p = static_cast<float*>(buf);
+      float f = static_cast<float>(factor);
+      for (size_t i = 0; i < n; ++i) p[i] *= f;
+      return;
+    }
     case DataType::kFloat64: return ScaleTyped(static_cast<double*>(buf), n, factor);
     case DataType::kFloat16:
       return ScaleHalf<HalfToFloat, FloatToHalf>(static_cast<uint16_t*>(buf), n, factor);

@@ -288,6 +288,9 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
     const Pending& p = table_[o.second];
     Response resp = p.count == size ? Match(p.by_rank, size) : MatchJoined(p.by_rank, size);
     if (!resp.error.empty()) {
+      // An error response carries rank_rows only to name the submitters of a failed
+      // group's leftover member (FailRestOfFailedGroups); every rank takes this one.
+      resp.rank_rows.clear();
       for (const auto& q : p.by_rank) {
         if (q.group_id != 0) failed_groups.emplace(q.group_id, resp.error);
       }
