@@ -145,19 +145,45 @@ def _cxx_std():
         return "-std=c++17"
 
 
+def _record_torch_version():
+    """Writes horovod_torch/_build_info.py: the torch the extension is compiled against.
+
+    The extension only loads into that torch; horovod_torch/_ext.py compares it with
+    the torch being imported and names both when they differ.
+    """
+    import torch
+    with open(os.path.join(ROOT, "horovod_torch", "_build_info.py"), "w") as f:
+        f.write('"""Written by setup.py when it builds the extension."""\n')
+        f.write(f"TORCH_VERSION = {torch.__version__!r}\n")
+
+
+# Our own code compiles without warnings; HOROVOD_TORCH_WERROR=1 (CI) makes one an
+# error. -fvisibility=hidden: pybind11's types are hidden, so ours must be as well
+# (else "declared with greater visibility" warnings); only PyInit__C is exported.
+CXX_FLAGS = ["-O3", _cxx_std(), "-Wall", "-fvisibility=hidden"]
+if os.environ.get("HOROVOD_TORCH_WERROR") == "1":
+    CXX_FLAGS.append("-Werror")
+
 # HOROVOD_TORCH_SKIP_EXT=1: install the Python package and entry points only; the
 # Makefile then builds the extension in place, incrementally (python setup.py build_ext).
-ext_modules = [] if os.environ.get("HOROVOD_TORCH_SKIP_EXT") == "1" else [
-    CppExtension(
-        "horovod_torch._C",
-        sources,
-        include_dirs=include_dirs,
-        libraries=libraries,
-        library_dirs=library_dirs,
-        runtime_library_dirs=runtime_dirs,
-        extra_compile_args={"cxx": ["-O3", _cxx_std(), "-Wall"]},
-    )
-]
+ext_modules = []
+if os.environ.get("HOROVOD_TORCH_SKIP_EXT") != "1":
+    _record_torch_version()
+    ext_modules = [
+        CppExtension(
+            "horovod_torch._C",
+            sources,
+            include_dirs=include_dirs,
+            libraries=libraries,
+            library_dirs=library_dirs,
+            runtime_library_dirs=runtime_dirs,
+            extra_compile_args={"cxx": CXX_FLAGS},
+        )
+    ]
+    # pip shows nothing while this compiles (pip install -v . shows ninja's progress).
+    print(f"horovod_torch: compiling {len(sources)} C++ files against torch "
+          f"{__import__('torch').__version__}; about 10 minutes on 2 cores, less with "
+          "more (MAX_JOBS=N limits the parallel jobs)", flush=True)
 
 setup(
     name="horovod_torch",

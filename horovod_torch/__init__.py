@@ -4,6 +4,7 @@ Scripts written for Horovod run unchanged: ``import horovod.torch as hvd`` resol
 to this package.
 """
 import torch  # noqa: F401  (loads libtorch before the extension)
+from horovod_torch import _ext  # noqa: F401  (loads _C, or says why not)
 
 from horovod_torch.basics import (Adasum, Average, Max, Min, Product, Sum, ccl_built,
                                   cross_rank, cross_size, cuda_built, ddl_built,

@@ -1,0 +1,52 @@
+"""The installed package says what is wrong with its extension instead of crashing.
+
+Each case imports horovod_torch in a fresh interpreter with one thing changed: the
+torch version the extension was built against, or the extension missing.
+"""
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _import_with(prelude: str) -> subprocess.CompletedProcess:
+    code = prelude + "\nimport horovod.torch as hvd\nprint('imported')\n"
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_extension_built_for_another_torch_names_both_versions_and_the_fix():
+    # What horovod_torch/_build_info.py says after building against torch 2.0.1.
+    out = _import_with(
+        "import sys, types\n"
+        "info = types.ModuleType('horovod_torch._build_info')\n"
+        "info.TORCH_VERSION = '2.0.1'\n"
+        "sys.modules['horovod_torch._build_info'] = info\n")
+    assert out.returncode != 0 and "imported" not in out.stdout
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError:"), out.stderr
+    assert "torch 2.0.1" in last and f"torch {torch.__version__}" in last
+    assert "pip install --no-build-isolation" in last
+
+
+def test_missing_extension_says_how_to_build_it():
+    out = _import_with(
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'horovod_torch._C':\n"
+        "            raise ModuleNotFoundError(\"No module named 'horovod_torch._C'\")\n"
+        "sys.meta_path.insert(0, Block())\n")
+    assert out.returncode != 0
+    last = out.stderr.strip().splitlines()[-1]
+    assert "C++ extension (horovod_torch._C) is not built" in last, out.stderr
+    assert "pip install ." in last
+
+
+def test_matching_build_imports():
+    out = _import_with("")
+    assert out.returncode == 0, out.stderr
+    assert "imported" in out.stdout
