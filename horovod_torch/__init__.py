@@ -2,36 +2,44 @@
 
 Scripts written for Horovod run unchanged: ``import horovod.torch as hvd`` resolves
 to this package.
+
+The API (horovod_torch/_api.py) loads torch and the C++ extension, so it is loaded on
+the first use of one of its names, not by ``import horovod_torch``: the launcher
+(``horovodrun``, horovod_torch.runner) is a subpackage and starts without either.
 """
-import torch  # noqa: F401  (loads libtorch before the extension)
-from horovod_torch import _ext  # noqa: F401  (loads _C, or says why not)
-
-from horovod_torch.basics import (Adasum, Average, Max, Min, Product, Sum, ccl_built,
-                                  cross_rank, cross_size, cuda_built, ddl_built,
-                                  gloo_built, gloo_enabled, init, is_homogeneous,
-                                  is_initialized, local_rank, local_size, mpi_built,
-                                  mpi_enabled, mpi_threads_supported, nccl_built, rank,
-                                  rocm_built, shutdown, size, start_timeline,
-                                  stop_timeline)
-from horovod_torch.compression import Compression
-from horovod_torch.exceptions import HorovodInternalError, HostsUpdatedInterrupt
-from horovod_torch.functions import (allgather_object, broadcast_object,
-                                     broadcast_optimizer_state, broadcast_parameters)
-from horovod_torch.optimizer import DistributedOptimizer
-from horovod_torch.sparse import sparse_allreduce_async
-from horovod_torch.sync_batch_norm import SyncBatchNorm
-from horovod_torch.util import check_extension
-from horovod_torch.ops import (ProcessSet, allgather, allgather_async, allreduce,
-                               allreduce_, allreduce_async, allreduce_async_, alltoall,
-                               alltoall_async, barrier, broadcast, broadcast_,
-                               broadcast_async, broadcast_async_, global_process_set,
-                               grouped_allgather, grouped_allgather_async,
-                               grouped_allreduce, grouped_allreduce_,
-                               grouped_allreduce_async, grouped_allreduce_async_,
-                               grouped_reducescatter, grouped_reducescatter_async, poll,
-                               join, reducescatter, reducescatter_async, synchronize,
-                               add_process_set, remove_process_set)
-
-from horovod_torch import elastic  # noqa: E402  (after the names it uses)
+import importlib
+import importlib.util
+import sys
 
 __version__ = "0.1.0"
+
+
+def _load_api():
+    """Imports the API and makes its names this package's own attributes."""
+    _api = importlib.import_module(f"{__name__}._api")
+    namespace = globals()
+    for name in _api.__all__:
+        namespace.setdefault(name, getattr(_api, name))
+    return _api
+
+
+def __getattr__(name):
+    if name == "__all__":
+        return list(_load_api().__all__)
+    if name.startswith("__"):
+        raise AttributeError(name)
+    if name == "_C":  # the extension, after the torch version check (_ext.py)
+        return importlib.import_module(f"{__name__}._ext")._C
+    # A submodule (``from horovod_torch import config``, ``hvd.elastic``) is imported
+    # on its own, without the rest of the API.
+    submodule = f"{__name__}.{name}"
+    if submodule in sys.modules or importlib.util.find_spec(submodule) is not None:
+        return importlib.import_module(submodule)
+    api = _load_api()
+    if name in api.__all__:
+        return globals()[name]
+    raise AttributeError(f"module 'horovod_torch' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_load_api().__all__))

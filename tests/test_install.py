@@ -50,3 +50,24 @@ def test_matching_build_imports():
     out = _import_with("")
     assert out.returncode == 0, out.stderr
     assert "imported" in out.stdout
+
+
+def test_launcher_loads_neither_torch_nor_the_extension():
+    """horovodrun starts in a fresh interpreter without importing torch or _C (they
+    take seconds and the launcher needs neither); the API loads them on first use."""
+    probe = (
+        "import sys\n"
+        "from horovod_torch.runner import launch\n"
+        "try:\n"
+        "    launch.main(['--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print('loaded:', sorted(m for m in sys.modules if m in ('torch', 'horovod_torch._C')))\n"
+        "import horovod_torch as hvd\n"
+        "hvd.size\n"
+        "print('then:', sorted(m for m in sys.modules if m in ('torch', 'horovod_torch._C')))\n")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "loaded: []" in out.stdout, out.stdout
+    assert "then: ['horovod_torch._C', 'torch']" in out.stdout, out.stdout

@@ -4,6 +4,8 @@ import sys
 
 import horovod_torch
 
+horovod_torch._load_api()  # pylint: disable=protected-access  (the submodules it loads)
+
 for _name, _mod in list(sys.modules.items()):
     if _name.startswith("horovod_torch."):
         sys.modules["horovod.torch." + _name[len("horovod_torch."):]] = _mod
