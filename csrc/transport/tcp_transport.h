@@ -3,7 +3,7 @@
 // pairs up. With the algorithms below a rank talks to O(log n) peers (alltoall is
 // the exception: it needs every pair).
 //
-// Algorithms (docs/design.md §4, §13c):
+// Algorithms (docs/design.md §4 for the control plane, §7 for the collectives):
 //  - control plane: Gather / Bcast along a binomial tree rooted at rank 0; Allgather
 //    by Bruck's algorithm. Both take ceil(log2 n) rounds.
 //  - small allreduce / reducescatter: up to 4 ranks, one direct exchange; beyond,
