@@ -1,0 +1,35 @@
+"""The layering of docs/design.md §1, checked by tools/check_layers.py: the tree
+follows it, and the check does fail on a forbidden arrow."""
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+import check_layers  # noqa: E402
+
+
+def test_the_tree_follows_the_layering():
+    out = subprocess.run([sys.executable, str(REPO / "tools" / "check_layers.py")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_cpp_arrows_against_the_layering_are_found():
+    assert check_layers.cpp_violations("transport", ["core/runtime.h"])
+    assert check_layers.cpp_violations("common", ["wire/message.h"])
+    assert check_layers.cpp_violations("wire", ["torch/extension.h"])
+    assert check_layers.cpp_violations("transport", ["ATen/ATen.h"])
+    assert check_layers.cpp_violations("core", ["mpi.h"])
+    assert not check_layers.cpp_violations("core", ["transport/transport.h", "ATen/ATen.h"])
+    assert not check_layers.cpp_violations("nccl", ["core/gpu_backend.h", "nccl.h"])
+
+
+def test_python_arrows_against_the_layering_are_found():
+    assert not check_layers.py_allowed("runner", "engine")      # horovodrun loads no _C
+    assert not check_layers.py_allowed("engine", "features")    # upward
+    assert not check_layers.py_allowed("features", "runner")    # API -> launcher
+    assert check_layers.py_allowed("features", "collectives")
+    assert check_layers.py_allowed("integrations", "runner")
+    assert check_layers.cycles({"a": {"b"}, "b": {"a"}}) == [["a", "b", "a"]]
+    assert check_layers.cycles({"pkg": {"pkg.x"}, "pkg.x": {"pkg"}}) == []

@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""Checks the layering of docs/design.md §1: which part may include or import which.
+
+    python tools/check_layers.py        # prints every forbidden arrow; exit 1 if any
+
+C++: every `#include "part/file.h"` in csrc/PART/ must point to a part PART may use,
+and the third-party headers (torch, CUDA, NCCL, MPI, pybind11) may appear only in the
+parts listed for them. Python: every module-level import of a horovod_torch module
+must point to a layer the importing module's layer may use (imports inside functions
+are the way to go upward lazily, and are not checked), and the module-level imports
+must have no cycle. The allowed arrows are written once, below.
+"""
+import ast
+import re
+import sys
+from pathlib import Path
+from typing import Dict, List, Set, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# C++ parts and the parts each may include (itself always). common <- wire <-
+# rendezvous <- transport <- core <- python; mpi is a transport; nccl is a plugin of
+# core (it implements core/gpu_backend.h, and core finds it through its registry).
+CPP_USES: Dict[str, Set[str]] = {
+    "common": set(),
+    "wire": {"common"},
+    "rendezvous": {"common", "wire"},
+    "transport": {"common", "wire", "rendezvous"},
+    "mpi": {"common", "wire", "rendezvous", "transport"},
+    "core": {"common", "wire", "rendezvous", "transport"},
+    "nccl": {"common", "wire", "core"},
+    "python": {"common", "wire", "rendezvous", "transport", "core"},
+}
+# Third-party headers (by their first path component) and the parts that may use them.
+CPP_EXTERNAL: Dict[str, Set[str]] = {
+    "torch": {"python"},
+    "ATen": {"core", "nccl", "python"},
+    "c10": {"core", "nccl", "python"},
+    "pybind11": {"python"},
+    "cuda_runtime_api.h": {"nccl"},
+    "cuda_runtime.h": {"nccl"},
+    "nccl.h": {"nccl"},
+    "mpi.h": {"mpi"},
+}
+
+# Python layers, lowest first; a module may import its own layer and the ones below,
+# except that "runner" (horovodrun, torch-free) may only use "base".
+PY_LAYERS: List[Tuple[str, List[str]]] = [
+    ("base", ["horovod_torch", "horovod_torch.exceptions", "horovod_torch.config",
+              "horovod_torch.util", "horovod_torch.data", "horovod_torch.timeline",
+              "horovod_torch._build_info", "horovod_torch.elastic.worker"]),
+    ("runner", ["horovod_torch.runner"]),
+    ("engine", ["horovod_torch._ext", "horovod_torch._C", "horovod_torch.basics"]),
+    ("collectives", ["horovod_torch.compression", "horovod_torch.adasum",
+                     "horovod_torch.ops", "horovod_torch.sparse"]),
+    ("features", ["horovod_torch.optimizer", "horovod_torch.functions",
+                  "horovod_torch.sync_batch_norm", "horovod_torch.mpi_ops",
+                  "horovod_torch.elastic"]),
+    ("integrations", ["horovod_torch.ray", "horovod_torch.spark", "horovod_torch.lightning"]),
+    ("api", ["horovod_torch._api"]),
+]
+PY_USES: Dict[str, Set[str]] = {"runner": {"base"}}
+PY_NO_TORCH = {"base", "runner"}  # layers that must not import torch at module level
+
+
+def _py_layer(module: str) -> str:
+    """The layer of a module: the longest prefix listed in PY_LAYERS."""
+    best, best_len = "", -1
+    for layer, prefixes in PY_LAYERS:
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > best_len:
+                best, best_len = layer, len(p)
+    return best
+
+
+def py_allowed(src: str, dst: str) -> bool:
+    """May a module of layer `src` import one of layer `dst` at module level?"""
+    if src in PY_USES:
+        return dst == src or dst in PY_USES[src]
+    order = [name for name, _ in PY_LAYERS]
+    if order.index(dst) > order.index(src):
+        return False  # upward
+    # The API does not depend on the launcher; only the integrations drive it.
+    return dst != "runner" or src in ("integrations", "api")
+
+
+def cpp_violations(part: str, includes: List[str]) -> List[str]:
+    """Forbidden includes of one file of csrc/`part` (the quoted or bracketed names)."""
+    out = []
+    for inc in includes:
+        head = inc.split("/")[0]
+        if head in CPP_USES:
+            if head != part and head not in CPP_USES[part]:
+                out.append(f"{part} may not include {inc}")
+        elif head in CPP_EXTERNAL and part not in CPP_EXTERNAL[head]:
+            out.append(f"{part} may not include <{inc}>")
+    return out
+
+
+def check_cpp() -> List[str]:
+    errors = []
+    for f in sorted((ROOT / "csrc").rglob("*")):
+        if f.suffix not in (".cc", ".h"):
+            continue
+        part = f.relative_to(ROOT / "csrc").parts[0]
+        includes = re.findall(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', f.read_text(), re.M)
+        errors += [f"{f.relative_to(ROOT)}: {e}" for e in cpp_violations(part, includes)]
+    return errors
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _top_level_imports(path: Path, module: str) -> Set[str]:
+    """Modules imported at module level (also inside a top-level if/try)."""
+    tree = ast.parse(path.read_text())
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: Set[str] = set()
+    nodes = list(tree.body)
+    while nodes:
+        node = nodes.pop()
+        if isinstance(node, (ast.If, ast.Try)):
+            nodes += node.body + node.orelse + getattr(node, "finalbody", [])
+            nodes += [s for h in getattr(node, "handlers", []) for s in h.body]
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            # `from pkg import sub` imports the submodule pkg.sub when there is one.
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                found.add(sub if _is_module(sub) else base)
+    return found
+
+
+def _is_module(name: str) -> bool:
+    rel = Path(*name.split("."))
+    return ((ROOT / rel).with_suffix(".py").exists() or (ROOT / rel / "__init__.py").exists()
+            or any((ROOT / rel.parent).glob(rel.name + ".*.so")))
+
+
+def check_python() -> List[str]:
+    errors = []
+    graph: Dict[str, Set[str]] = {}
+    for f in sorted((ROOT / "horovod_torch").rglob("*.py")):
+        module = _module_name(f)
+        src = _py_layer(module)
+        if not src:
+            errors.append(f"{f.relative_to(ROOT)}: module {module} is in no layer "
+                          "(add it to PY_LAYERS in tools/check_layers.py)")
+            continue
+        deps = _top_level_imports(f, module)
+        graph[module] = {d for d in deps if d.startswith("horovod_torch")}
+        if src in PY_NO_TORCH and any(d == "torch" or d.startswith("torch.") for d in deps):
+            errors.append(f"{f.relative_to(ROOT)}: {src} layer may not import torch")
+        for d in sorted(graph[module]):
+            dst = _py_layer(d)
+            if dst and not py_allowed(src, dst):
+                errors.append(f"{f.relative_to(ROOT)}: {src} layer may not import {d} ({dst})")
+    errors += [f"import cycle at module level: {' -> '.join(c)}" for c in cycles(graph)]
+    return errors
+
+
+def cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+    """One cycle per strongly connected group of modules (a module importing its own
+    package's __init__ while being imported by it is Python's normal package layout
+    and is not counted)."""
+    def edges(m):
+        return [d for d in graph.get(m, ()) if d in graph and not m.startswith(d + ".")]
+    found, state = [], {}
+
+    def visit(m, stack):
+        state[m] = 1
+        stack.append(m)
+        for d in edges(m):
+            if state.get(d) == 1:
+                found.append(stack[stack.index(d):] + [d])
+            elif d not in state:
+                visit(d, stack)
+        stack.pop()
+        state[m] = 2
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])
+    return found
+
+
+def main() -> int:
+    errors = check_cpp() + check_python()
+    for e in errors:
+        print(e)
+    if errors:
+        print(f"{len(errors)} forbidden arrow(s); the allowed ones are in tools/check_layers.py "
+              "(docs/design.md §1)")
+        return 1
+    print("layering: every include and module-level import follows docs/design.md §1")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
