@@ -35,6 +35,8 @@ def test_worker_failure_restores_and_continues(tmp_path):
                     "--blacklist-cooldown-range", "1", "2"])
     assert rc == 0, out
     assert "exited with code 3" in out and "lost a peer" in out, out
+    # The survivor says which commit it goes back to, with the state's counters.
+    assert re.search(r"lost a peer \(.*\); restoring commit \d+ \(.*step=\d+", out), out
     finals = _finals(out)
     assert finals and all(f["step"] == "150" and f["same"] == "True" for f in finals), out
     assert any(f["size"] == "2" for f in finals), "the replacement worker did not join:\n" + out

@@ -54,8 +54,8 @@ def run_fn(func: Callable, reset: Callable[[], None]) -> Callable:
                     return func(state, *args, **kwargs)
                 except HorovodInternalError as e:
                     print(f"horovod_torch: rank {_safe_rank()} lost a peer ({e}); restoring "
-                          "the last commit and re-forming the job", file=sys.stderr,
-                          flush=True)
+                          f"{state.describe_commit()} and re-forming the job",
+                          file=sys.stderr, flush=True)
                     state.restore()
                     skip_sync = False
                 except HostsUpdatedInterrupt as e:

@@ -113,6 +113,12 @@ class State:
         """Integer attributes saved in the commit (e.g. epoch, batch), for messages."""
         return {}
 
+    def describe_commit(self) -> str:
+        """What restore() brings back, for messages: "commit 23 (epoch=1, batch=22)"."""
+        if self._commit_id is None:
+            return "the state it started with (no commit yet)"
+        return f"commit {self._commit_id}{_counters_text(self._commit_counters())}"
+
     def _publish_commit(self) -> None:
         if self._commit_id is not None and self._commit_id != self._published_commit:
             worker.publish_commit(self._commit_id, self._commit_counters())
@@ -235,9 +241,14 @@ class ObjectState(State):
             self._set_attrs()
 
 
+def _counters_text(counters: Dict[str, int]) -> str:
+    """ " (epoch=1, batch=22)" for a commit's integer attributes; "" when none."""
+    text = ", ".join(f"{k}={v}" for k, v in list(counters.items())[:8])
+    return f" ({text})" if text else ""
+
+
 def _lost_message(job: int, counters: Dict[str, int], best: int, size: int) -> str:
-    saved = ", ".join(f"{k}={v}" for k, v in list(counters.items())[:8])
-    saved = f" (saved with {saved})" if saved else ""
+    saved = _counters_text(counters).replace(" (", " (saved with ", 1)
     held = ("none holds a committed state (they joined after it and had not synced "
             "yet)" if best < 0 else
             "none holds a commit of this job" if best == 0 else
