@@ -1,49 +1,75 @@
 # Two commands for a newcomer (README.md):
-#   make demo   set up, build, and run the elastic MNIST example on 2 local workers
+#   make demo   set up, build, and run the elastic MNIST example on 2 local workers,
+#               killing one mid-training and letting a new one join (make demo-plain:
+#               no kill)
 #   make test   set up, build, and run the whole test suite (C++ and Python)
-PYTHON ?= python3
+#   make test-fast  the C++ tests and one Python test per area (a few minutes)
+#
+# Everything Python goes into the project's virtual environment $(VENV); the system
+# Python is only used to create it. Set-up output goes to $(LOG), one line per stage
+# on the terminal (VERBOSE=1 shows it all).
+VENV ?= .venv
+BOOTSTRAP_PYTHON ?= python3
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 NP ?= 2
 DATA ?= data
+LOG ?= .setup.log
 
-.PHONY: setup build demo test pytest cpp-test bench clean
+PYTHON := $(abspath $(VENV))/bin/python
+STAMP := $(VENV)/.setup.stamp
+STAGE := ./tools/stage.sh $(LOG)
+# horovodrun, pytest and python resolve to the virtual environment's.
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+export VIRTUAL_ENV := $(abspath $(VENV))
 
-# System packages (apt, when missing), Python dependencies and the package's
-# metadata/entry points (horovodrun), once.
-.setup.stamp: setup.py requirements-dev.txt tools/system-deps.sh
-	./tools/system-deps.sh
-	$(PYTHON) -c "import torch, torchvision" 2>/dev/null || $(PYTHON) -m pip install $(TORCH_PINS)
-	$(PYTHON) -m pip install -r requirements-dev.txt
-	HOROVOD_TORCH_SKIP_EXT=1 $(PYTHON) -m pip install --no-build-isolation --no-deps -e .
-	touch $@
+.PHONY: setup build demo demo-plain test test-fast pytest cpp-test bench clean distclean
 
-setup: .setup.stamp
+# System packages (apt, when missing), the virtual environment, Python dependencies
+# and the package's metadata/entry points (horovodrun), once.
+$(STAMP): setup.py requirements-dev.txt tools/system-deps.sh
+	@: > $(LOG)
+	@$(STAGE) "system packages (apt, only what is missing)" ./tools/system-deps.sh
+	@$(STAGE) "virtual environment $(VENV)" $(BOOTSTRAP_PYTHON) -m venv $(VENV)
+	@$(STAGE) "torch and torchvision (about 3 min the first time)" sh -c \
+	    '$(PYTHON) -c "import torch, torchvision" 2>/dev/null || $(PYTHON) -m pip install $(TORCH_PINS)'
+	@$(STAGE) "test and example dependencies" $(PYTHON) -m pip install -r requirements-dev.txt
+	@$(STAGE) "horovod_torch package and horovodrun (editable)" env HOROVOD_TORCH_SKIP_EXT=1 \
+	    $(PYTHON) -m pip install --no-build-isolation --no-deps -e .
+	@touch $@
+
+setup: $(STAMP)
 
 # The C++ extension, built in place and incrementally (ninja).
 build: setup
-	$(PYTHON) setup.py -q build_ext --inplace
+	@$(STAGE) "C++ extension horovod_torch._C (about 10 min on 2 cores the first time)" \
+	    $(PYTHON) setup.py build_ext --inplace
 
-EPOCHS ?= 3
 SYNC_DIR ?= /tmp/horovod_torch_demo
+DEMO = $(PYTHON) examples/elastic/demo.py --np $(NP) --data-dir $(DATA) --sync-dir $(SYNC_DIR)
 
 demo: build
-	$(PYTHON) -m horovod_torch.data mnist $(DATA)
-	mkdir -p $(SYNC_DIR)
-	OCI__SYNC_DIR=$(SYNC_DIR) horovodrun -np $(NP) --min-np 1 --max-np $(NP) \
-	    --blacklist-cooldown-range 5 10 \
-	    --host-discovery-script examples/elastic/discover_hosts.sh \
-	    $(PYTHON) examples/elastic/train.py --data-dir $(DATA) --epochs $(EPOCHS)
+	$(DEMO)
+
+demo-plain: build
+	$(DEMO) --no-fault
 
 cpp-test:
-	$(MAKE) -C tests/cpp -j2 run
+	@$(STAGE) "C++ tests: build (about 6 min on 2 cores the first time)" $(MAKE) -C tests/cpp -j2
+	$(MAKE) -C tests/cpp run
 
 pytest: build
 	$(PYTHON) -m pytest tests -q -rs -m "not gpu"
 
 test: build cpp-test pytest
 
+test-fast: build cpp-test
+	$(PYTHON) -m pytest -q -rs $$(grep -v '^#' tests/fast.txt)
+
 bench: build
 	$(PYTHON) bench/allreduce_cpu.py
 
 clean:
-	rm -rf build tests/cpp/build horovod_torch/*.so .setup.stamp *.egg-info
+	rm -rf build tests/cpp/build horovod_torch/*.so horovod_torch/_build_info.py *.egg-info $(STAMP)
+
+distclean: clean
+	rm -rf $(VENV) $(LOG)

@@ -123,3 +123,16 @@ def test_synthetic_benchmark_use_adasum():
                    "--use-adasum")
     assert proc.returncode == 0, _explain(proc)
     assert "Total img/sec on 2 CPU(s)" in proc.stdout, _explain(proc)
+
+
+def test_readme_snippet_runs_as_written(tmp_path):
+    """The README's "Using it" Python block, copied as it is, trains on 2 workers."""
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Using it"):]
+    snippet = section[section.index("```python\n") + len("```python\n"):]
+    snippet = snippet[:snippet.index("```")]
+    script = tmp_path / "train.py"
+    script.write_text(snippet)
+    proc = _launch(2, str(script))
+    assert proc.returncode == 0, _explain(proc)
+    assert re.search(r"trained on 2 ranks, last loss \d+\.\d+", proc.stdout), _explain(proc)
