@@ -2,7 +2,7 @@
 
 A commit that only dead workers held must end the job with "committed state lost"
 naming the commit; otherwise training resumes from the newest commit, never from an
-older state. Under the real horovodrun with tests/elastic_commit_train.py, which
+older state. Under the real horovodrun with tests/elastic_commit_safety_train.py, which
 commits every step and prints ``STEP ... step=N t=...`` after each commit."""
 import os
 import re
@@ -14,7 +14,7 @@ import time
 
 from tests.harness import ROOT
 
-SCRIPT = os.path.join(ROOT, "tests", "elastic_commit_train.py")
+SCRIPT = os.path.join(ROOT, "tests", "elastic_commit_safety_train.py")
 STEP_RE = re.compile(r"STEP rank=(\d+) size=(\d+) step=(\d+) t=([\d.]+)")
 LOST_RE = re.compile(r"committed state lost: the last commit \(commit (\d+)")
 

@@ -39,19 +39,19 @@ def test_mixed_cpu_and_gpu_tensors():
 ])
 def test_optimizer_exactness_on_gpu(opt, op, bpps, extra, native):
     # native: the gradient hooks in C++ (1, default) or Python (0)
-    run_workers("tests.train_workers:exactness", 2, args=[opt, op, bpps, extra, "cuda"],
+    run_workers("tests.optimizer_workers:exactness", 2, args=[opt, op, bpps, extra, "cuda"],
                 env={**GPU_ENV, "HOROVOD_NATIVE_GRAD_HOOKS": native}, timeout=240)
 
 
 @pytest.mark.parametrize("native", ["1", "0"])
 def test_fp16_compression_sends_float16_on_gpu(native):
     # native 1: the NCCL backend casts while packing (in-pack); 0: Python casts
-    run_workers("tests.train_workers:fp16_wire", 2, args=["cuda"], timeout=240,
+    run_workers("tests.optimizer_workers:fp16_wire", 2, args=["cuda"], timeout=240,
                 env={**GPU_ENV, "HOROVOD_NATIVE_GRAD_HOOKS": native})
 
 
 def test_amp_with_gradscaler():
-    run_workers("tests.train_workers:amp_gradscaler", 2, env=GPU_ENV, timeout=240)
+    run_workers("tests.optimizer_workers:amp_gradscaler", 2, env=GPU_ENV, timeout=240)
 
 
 def test_dead_peer_with_nccl_communicator():

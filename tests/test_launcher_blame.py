@@ -22,7 +22,7 @@ import pytest
 from tests.harness import ROOT
 
 PY = sys.executable
-WORKER = os.path.join(ROOT, "tests", "failing_rank_worker.py")
+WORKER = os.path.join(ROOT, "tests", "launcher_blame_worker.py")
 TIMEOUT = 180
 # The TCP transport only (no shared memory between the local ranks): the survivors
 # learn of the death through their sockets, as ranks on different hosts do.

@@ -39,7 +39,7 @@ def test_mismatches_and_local_errors_over_mpi():
 
 
 def test_optimizer_exactness_over_mpi():
-    mpirun("tests.train_workers:exactness", 2, args=["adam", "average", 2, "none"])
+    mpirun("tests.optimizer_workers:exactness", 2, args=["adam", "average", 2, "none"])
 
 
 def test_process_sets_over_mpi():

@@ -10,7 +10,7 @@ from tests.harness import run_workers
     ("adam", "average", 1, "fp16"),
 ])
 def test_exactness(opt, op, bpps, extra):
-    run_workers("tests.train_workers:exactness", 2, args=[opt, op, bpps, extra], timeout=90)
+    run_workers("tests.optimizer_workers:exactness", 2, args=[opt, op, bpps, extra], timeout=90)
 
 
 @pytest.mark.parametrize("opt,op,bpps,extra", [
@@ -18,7 +18,7 @@ def test_exactness(opt, op, bpps, extra):
 ])
 def test_exactness_python_hooks(opt, op, bpps, extra):
     # HOROVOD_NATIVE_GRAD_HOOKS=0: the gradient hooks run in Python.
-    run_workers("tests.train_workers:exactness", 2, args=[opt, op, bpps, extra], timeout=90,
+    run_workers("tests.optimizer_workers:exactness", 2, args=[opt, op, bpps, extra], timeout=90,
                 env={"HOROVOD_NATIVE_GRAD_HOOKS": "0"})
 
 
@@ -32,25 +32,25 @@ def test_exactness_under_torch_compile(native, bpps, extra):
     if (native == "1" and "compiled" in extra
             and tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 9)):
         pytest.skip("the C++ hooks support compiled autograd from torch 2.9")
-    run_workers("tests.train_workers:exactness", 2, args=["sgd", "average", bpps, extra],
+    run_workers("tests.optimizer_workers:exactness", 2, args=["sgd", "average", bpps, extra],
                 timeout=180, env={"HOROVOD_NATIVE_GRAD_HOOKS": native})
 
 
 def test_exactness_three_ranks_adam():
-    run_workers("tests.train_workers:exactness", 3, args=["adam", "average", 1, "none"],
+    run_workers("tests.optimizer_workers:exactness", 3, args=["adam", "average", 1, "none"],
                 timeout=90)
 
 
 @pytest.mark.parametrize("native", ["1", "0"])
 def test_fp16_compression_sends_float16(native):
-    run_workers("tests.train_workers:fp16_wire", 2, timeout=90,
+    run_workers("tests.optimizer_workers:fp16_wire", 2, timeout=90,
                 env={"HOROVOD_NATIVE_GRAD_HOOKS": native})
 
 
 def test_optimizer_behaviours():
-    run_workers("tests.train_workers:behaviours", 2, timeout=90)
+    run_workers("tests.optimizer_workers:behaviours", 2, timeout=90)
 
 
 @pytest.mark.parametrize("size", [2, 4, 3])
 def test_adasum_over_tcp(size):
-    run_workers("tests.train_workers:adasum_checks", size, timeout=120)
+    run_workers("tests.optimizer_workers:adasum_checks", size, timeout=120)

@@ -1,5 +1,5 @@
 """hvd.SyncBatchNorm and hvd.sparse_allreduce_async on 2 and 3 real processes, checked
-against one-process references (see tests/sync_bn_workers.py)."""
+against one-process references (see tests/sync_bn_sparse_workers.py)."""
 import pytest
 import torch
 
@@ -11,13 +11,13 @@ from tests.harness import run_workers
 
 @pytest.mark.parametrize("size", [2, 3])
 def test_sync_batch_norm_matches_batch_norm_on_concatenated_batch(size):
-    results = run_workers("tests.sync_bn_workers:sync_bn", size, timeout=120)
+    results = run_workers("tests.sync_bn_sparse_workers:sync_bn", size, timeout=120)
     assert all("sync bn ok" in r.output for r in results)
 
 
 @pytest.mark.parametrize("size", [2, 3])
 def test_sparse_allreduce_matches_dense_sum_and_average(size):
-    results = run_workers("tests.sync_bn_workers:sparse", size, timeout=90)
+    results = run_workers("tests.sync_bn_sparse_workers:sparse", size, timeout=90)
     assert all("sparse ok" in r.output for r in results)
 
 

@@ -1,4 +1,4 @@
-"""Run by test_launchers.py under torchrun / with SLURM or OpenMPI variables."""
+"""Run by test_foreign_launchers.py under torchrun / with SLURM or OpenMPI variables."""
 import sys
 
 import torch

@@ -11,7 +11,7 @@ import pytest
 
 from tests.harness import ROOT
 
-PROBE = os.path.join(ROOT, "tests", "launcher_probe.py")
+PROBE = os.path.join(ROOT, "tests", "foreign_launchers_probe.py")
 
 
 def _free_port():
