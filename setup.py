@@ -197,4 +197,7 @@ setup(
     # numpy: tensors to bytes (broadcast_object, optimizer state); cloudpickle:
     # horovod.run's functions; packaging: version checks of horovod.common.util.
     install_requires=["torch", "numpy", "cloudpickle", "packaging"],
+    # Integrations with the cluster engines users run (docs/integrations.md).
+    extras_require={"ray": ["ray>=2.6"], "spark": ["pyspark>=3.5"],
+                    "lightning": ["lightning>=2.1"]},
 )

@@ -2,9 +2,10 @@
 # Installs the Debian/Ubuntu packages the build and the tests need, if missing:
 # a C++ toolchain, ninja and GoogleTest (build, C++ tests); OpenMPI (the MPI controller
 # and its tests); openssh-server and iproute2 (the multi-host tests with network
-# namespaces); python3-venv where python3 cannot create a virtual environment (the
-# Makefile installs everything Python into .venv). Needs root (or sudo); without it,
-# prints what is missing and goes on.
+# namespaces); a Java runtime (pyspark, for the Spark integration's tests);
+# python3-venv where python3 cannot create a virtual environment (the Makefile
+# installs everything Python into .venv). Needs root (or sudo); without it, prints
+# what is missing and goes on.
 set -euo pipefail
 need=""
 [ -f /usr/include/gtest/gtest.h ] || need="$need libgtest-dev"
@@ -15,6 +16,7 @@ command -v mpicxx >/dev/null || need="$need libopenmpi-dev openmpi-bin"
 [ -x /usr/sbin/sshd ] || need="$need openssh-server openssh-client"
 command -v ip >/dev/null || need="$need iproute2"
 python3 -c "import ensurepip, venv" 2>/dev/null || need="$need python3-venv"
+command -v java >/dev/null || need="$need openjdk-17-jre-headless"
 [ -z "$need" ] && exit 0
 if [ "$(id -u)" = 0 ]; then sudo=""; elif command -v sudo >/dev/null; then sudo="sudo"; else
   echo "system-deps: missing$need; install them as root (apt-get install$need)" >&2

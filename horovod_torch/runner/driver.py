@@ -172,26 +172,30 @@ class HostSpawner:
 
 
 def signal_worker(proc: "subprocess.Popen[bytes]", signum: int) -> None:
-    """Send ``signum`` to a worker's process group, on this host or a remote one."""
-    if isinstance(proc, RemoteProcess):
-        proc.signal_worker(signum)
+    """Send ``signum`` to a worker's process group, on this host or a remote one.
+    A worker object with a ``signal_worker`` method of its own (RemoteProcess, or
+    a Ray actor's stand-in in horovod_torch.ray) is signalled through it."""
+    hook = getattr(proc, "signal_worker", None)
+    if hook is not None:
+        hook(signum)
         return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signum)
 
 
 def waiting_to_start(proc: "subprocess.Popen[bytes]") -> bool:
-    """True for a remote worker whose host has not answered yet."""
-    return isinstance(proc, RemoteProcess) and not proc.started.is_set()
+    """True for a remote worker whose host has not answered yet (a worker object
+    with a ``started`` event: RemoteProcess, or a Ray actor not yet running)."""
+    started = getattr(proc, "started", None)
+    return started is not None and not started.is_set()
 
 
 def describe_start_failure(proc: "subprocess.Popen[bytes]") -> str:
     """A note for a worker that exited before it ran: which host, and why."""
     if not waiting_to_start(proc):
         return ""
-    assert isinstance(proc, RemoteProcess)
-    return (f" before it could start on host {proc.host} (the remote-exec command "
-            f"failed; its error is above)")
+    why = getattr(proc, "start_failure", "the remote-exec command failed; its error is above")
+    return f" before it could start on host {proc.host} ({why})"
 
 
 class TextSink:

@@ -68,6 +68,9 @@ class ElasticOptions:
     elastic_timeout: float = 600.0
     verbose: bool = False
     start_timeout: float = 30.0
+    # Instead of a discovery script: a function returning {host: slots} (raises on
+    # failure), run in the background like the script (horovod_torch.ray: Ray's nodes).
+    discover: Optional[Callable[[], Dict[str, int]]] = None
 
 
 def parse_discovery(output: str, default_slots: int) -> Dict[str, int]:
@@ -158,9 +161,10 @@ class BackgroundDiscovery:
     """Runs the discovery script in a thread, one run at a time, so that the driver
     goes on watching its workers while a run is outstanding (a script may take up
     to DISCOVERY_TIMEOUT_S s). ``take()`` returns each finished run's outcome once:
-    ``(hosts, None, False)``, or ``(None, error, timed_out)``."""
+    ``(hosts, None, False)``, or ``(None, error, timed_out)``. ``script`` may also be
+    a function returning ``{host: slots}`` (called in the thread instead)."""
 
-    def __init__(self, script: str, default_slots: int) -> None:
+    def __init__(self, script, default_slots: int) -> None:
         self._script = script
         self._slots = default_slots
         self._lock = threading.Lock()
@@ -211,8 +215,11 @@ class BackgroundDiscovery:
     def _run(self) -> None:
         outcome: Tuple[Optional[Dict[str, int]], Optional[str], bool]
         try:
-            outcome = (discover_hosts(self._script, self._slots, started=self._started),
-                       None, False)
+            if callable(self._script):
+                outcome = (dict(self._script()), None, False)
+            else:
+                outcome = (discover_hosts(self._script, self._slots, started=self._started),
+                           None, False)
         except DiscoveryTimeout as exc:
             outcome = (None, str(exc), True)
         except (OSError, ValueError) as exc:
@@ -246,8 +253,9 @@ class ElasticDriver:
         self._resets = 0
         self._first_failure: Optional[Tuple[str, int]] = None  # (Horovod's name, code)
         self._signal: Optional[int] = None
-        self._discovery = (BackgroundDiscovery(opts.discovery_script, opts.slots)
-                           if opts.discovery_script is not None else None)
+        script = opts.discovery_script if opts.discovery_script is not None else opts.discover
+        self._discovery = (BackgroundDiscovery(script, opts.slots)
+                           if script is not None else None)
         self._next_discovery = 0.0  # when the next discovery run (or fixed-host look) is due
         self._discovery_trouble: Optional[str] = None  # the failure last logged, if any
 

@@ -1,0 +1,11 @@
+"""horovod_torch on Ray (Horovod's ``horovod.ray``): ``RayExecutor`` runs a job whose
+workers are Ray actors; ``ElasticRayExecutor`` (or ``RayExecutor(min_workers=...)``)
+an elastic one, with Ray's nodes as the hosts. ``from horovod.ray import RayExecutor``
+gives these. See docs/integrations.md."""
+from horovod_torch.ray.worker import BaseHorovodWorker
+from horovod_torch.ray.runner import RayExecutor
+from horovod_torch.ray.elastic import ElasticRayExecutor, RayHostDiscovery
+from horovod_torch.ray import ray_logger
+
+__all__ = ["RayExecutor", "BaseHorovodWorker", "ElasticRayExecutor", "RayHostDiscovery",
+           "ray_logger"]
