@@ -440,3 +440,171 @@ def test_workers_stop_when_the_launcher_is_killed(tmp_path: Path, mode: str,
     assert proc.returncode == -signal.SIGKILL
     assert "the launcher is gone; stopping its 2 remaining local worker(s)" in stderr, stderr
     _assert_gone(_read_pids(tmp_path, [0, 1]), within=5.0)
+
+
+# --- start-up is not serialised (issue #22 item 9) ---------------------------------
+
+BARRIER = """
+    import os, sys, time
+    folder, size = sys.argv[1], int(os.environ["HOROVOD_SIZE"])
+    open(os.path.join(folder, os.environ["HOROVOD_RANK"]), "w").close()
+    deadline = time.monotonic() + 60
+    while len(os.listdir(folder)) < size:
+        if time.monotonic() > deadline:
+            sys.exit(3)
+        time.sleep(0.01)
+"""
+
+SPAWN_ORDER_PROBE = """
+    import json, sys
+    from horovod_torch.runner import driver, launch
+    events = []
+    spawn, start_store = driver.LocalSpawner.spawn, launch._start_store
+    def spawning(self, slot, command, env):
+        events.append(["spawn", slot.rank, int(env["HOROVOD_STORE_PORT"])])
+        return spawn(self, slot, command, env)
+    def starting(secret, addr, port=0):
+        events.append(["store", sys.modules.get("torch") is not None, port])
+        return start_store(secret, addr, port)
+    driver.LocalSpawner.spawn, launch._start_store = spawning, starting
+    code = launch.main(sys.argv[1:])
+    print(json.dumps([code, events]))
+"""
+
+
+def test_all_workers_start_before_the_launcher_loads_torch(tmp_path: Path) -> None:
+    """horovodrun starts every worker before its own `import torch` (the store's
+    extension), on the port held for the store, and waits on none of them: the
+    workers here only end once all of them have started. Started store first, every
+    worker waited for the launcher's import (seconds); a per-rank wait in the spawn
+    loop would hang this barrier."""
+    n = 8
+    folder = tmp_path / "started"
+    folder.mkdir()
+    out = subprocess.run(
+        [PY, "-c", textwrap.dedent(SPAWN_ORDER_PROBE), "-np", str(n),
+         *_worker(BARRIER), str(folder)],
+        capture_output=True, text=True, env=_env(), timeout=TIMEOUT)
+    assert out.returncode == 0, out.stderr
+    code, events = json.loads(out.stdout.splitlines()[-1])
+    assert code == 0, out.stderr
+    assert [e[:2] for e in events[:n]] == [["spawn", r] for r in range(n)], events
+    assert events[n][0] == "store" and len(events) == n + 1, events
+    assert events[n][1] is False, "torch was loaded before the workers started"
+    assert {e[2] for e in events} == {events[n][2]} and events[n][2] > 0, events
+    assert sorted(os.listdir(folder)) == sorted(str(r) for r in range(n))
+
+
+STORE_FAILS_PROBE = """
+    import os, sys, time
+    from horovod_torch.runner import launch
+    def failing(secret, addr, port=0):
+        folder = os.environ["PID_DIR"]
+        deadline = time.monotonic() + 60
+        while not all(os.path.exists(os.path.join(folder, r)) for r in ("0", "1")):
+            assert time.monotonic() < deadline, "workers did not start"
+            time.sleep(0.05)
+        raise RuntimeError("no store today")
+    launch._start_store = failing
+    sys.exit(launch.main(sys.argv[1:]))
+"""
+
+
+def test_store_that_fails_after_the_workers_started_stops_them(tmp_path: Path) -> None:
+    """The workers run before the store does: if it cannot start, they are stopped
+    and horovodrun exits with 1, saying why."""
+    out = subprocess.run([PY, "-c", textwrap.dedent(STORE_FAILS_PROBE), "-np", "2",
+                          *_worker(SLEEPER)], capture_output=True, text=True,
+                         env=_env(PID_DIR=str(tmp_path)), timeout=TIMEOUT)
+    assert out.returncode == 1, out.stderr
+    assert "horovodrun: failed to start the rendezvous store on 127.0.0.1:" in out.stderr
+    assert "no store today" in out.stderr
+    _assert_gone(_read_pids(tmp_path, [0, 1]), within=5.0)
+
+
+def test_reserved_port_refuses_until_the_store_listens() -> None:
+    """The store's port is held (bound, not listening) while the workers start: a
+    connection is refused (workers retry), nobody else gets the port, and the store
+    binds it."""
+    import socket
+
+    from horovod_torch import _C
+    from horovod_torch.runner import launch
+
+    reservation = launch.reserve_port("127.0.0.1")
+    port = reservation.getsockname()[1]
+    try:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        with socket.socket() as other:  # the kernel hands out other ports
+            other.bind(("127.0.0.1", 0))
+            assert other.getsockname()[1] != port
+        server = _C.StoreServer("127.0.0.1", port, "s" * 32)
+    finally:
+        reservation.close()
+    try:
+        assert server.port() == port
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    finally:
+        server.stop()
+
+
+FAKE_LIBCUDA = r"""
+#include <stdio.h>
+#include <stdlib.h>
+/* Entry points the CUDA runtime looks up in libcuda.so.1 first; each call is
+   written to $FAKE_CUDA_CALLS, and fails as on a host without a GPU. */
+static int note(const char* what) {
+  const char* path = getenv("FAKE_CUDA_CALLS");
+  FILE* f = path ? fopen(path, "a") : NULL;
+  if (f) { fprintf(f, "%s\n", what); fclose(f); }
+  return 100; /* CUDA_ERROR_NO_DEVICE */
+}
+int cuInit(unsigned flags) { (void)flags; return note("cuInit"); }
+int cuDriverGetVersion(int* v) { if (v) *v = 0; return note("cuDriverGetVersion"); }
+int cuGetProcAddress(const char* s, void** p, int v, unsigned long long f) {
+  (void)s; (void)v; (void)f; if (p) *p = 0; return note("cuGetProcAddress");
+}
+int cuGetProcAddress_v2(const char* s, void** p, int v, unsigned long long f, void* st) {
+  (void)s; (void)v; (void)f; (void)st; if (p) *p = 0; return note("cuGetProcAddress_v2");
+}
+"""
+
+CPU_JOB = """
+    import torch
+    import horovod_torch as hvd
+    hvd.init()
+    t = hvd.allreduce(torch.ones(4), name="first")
+    assert t.tolist() == [1.0] * 4, t
+"""
+
+
+def test_cpu_job_start_up_never_calls_the_cuda_driver(tmp_path: Path) -> None:
+    """Neither horovodrun nor hvd.init() and a CPU allreduce may ask the CUDA driver
+    anything: its first call (cuInit) costs each process about 0.1 s, serialised
+    across the host's processes, so 128 local ranks spent about 15 s in hvd.init()
+    on a GPU host (issue #22 item 9). A stand-in libcuda.so.1 records the calls."""
+    import shutil
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler for the stand-in libcuda.so.1")
+    source = tmp_path / "fake_libcuda.c"
+    source.write_text(FAKE_LIBCUDA)
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(tmp_path / "libcuda.so.1"),
+                    str(source)], check=True, timeout=60)
+    calls = tmp_path / "calls"
+    library_path = os.pathsep.join(
+        [str(tmp_path)] + [p for p in [os.environ.get("LD_LIBRARY_PATH")] if p])
+    env = _env(LD_LIBRARY_PATH=library_path, FAKE_CUDA_CALLS=str(calls))
+    env.pop("HOROVOD_SPIN_US", None)
+    # The stand-in is reached when CUDA is asked (else this torch has no CUDA).
+    subprocess.run([PY, "-c", "import torch; torch._C._cuda_getDeviceCount()"],
+                   env=env, timeout=60, capture_output=True)
+    if not calls.exists():
+        pytest.skip("this torch does not load libcuda.so.1 (a build without CUDA)")
+    calls.unlink()
+    result = _run("-np", "2", *_worker(CPU_JOB), env=env)
+    assert result.returncode == 0, result.stderr
+    assert not calls.exists(), ("the CUDA driver was called: "
+                                + ", ".join(sorted(set(calls.read_text().split()))))

@@ -21,6 +21,7 @@ def test_cpp_arrows_against_the_layering_are_found():
     assert check_layers.cpp_violations("wire", ["torch/extension.h"])
     assert check_layers.cpp_violations("transport", ["ATen/ATen.h"])
     assert check_layers.cpp_violations("core", ["mpi.h"])
+    assert check_layers.cpp_violations("common", ["sstream"])  # no iostreams at all
     assert not check_layers.cpp_violations("core", ["transport/transport.h", "ATen/ATen.h"])
     assert not check_layers.cpp_violations("nccl", ["core/gpu_backend.h", "nccl.h"])
 

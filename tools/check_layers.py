@@ -41,6 +41,10 @@ CPP_EXTERNAL: Dict[str, Set[str]] = {
     "cuda_runtime.h": {"nccl"},
     "nccl.h": {"nccl"},
     "mpi.h": {"mpi"},
+    # No iostreams anywhere in csrc/: they can crash when the extension and the host
+    # process carry different libstdc++ builds (common/logging.h).
+    "sstream": set(), "iostream": set(), "istream": set(), "ostream": set(),
+    "fstream": set(), "iomanip": set(),
 }
 
 # Python layers, lowest first; a module may import its own layer and the ones below,

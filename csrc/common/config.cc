@@ -2,7 +2,6 @@
 
 #include <cstdlib>
 #include <map>
-#include <sstream>
 #include <stdexcept>
 
 namespace hvd {
@@ -63,30 +62,39 @@ Config Config::FromEnv(std::string* error) {
   return c;
 }
 
+// Built on std::string, not iostreams (see common/logging.h: they can crash when the
+// extension and the host process carry different libstdc++ builds).
 std::string Config::ProtocolSettings() const {
-  std::ostringstream out;
-  out << "HOROVOD_FUSION_THRESHOLD=" << fusion_threshold_bytes << "\n"
-      << "HOROVOD_DISABLE_GROUP_FUSION=" << disable_group_fusion << "\n"
-      << "HOROVOD_CACHE_CAPACITY=" << cache_capacity << "\n"
-      << "HOROVOD_STEADY_STATE_EXCHANGE=" << steady_exchange << "\n"
-      << "HOROVOD_SMALL_ALLREDUCE_BYTES=" << small_allreduce_bytes << "\n"
-      << "HOROVOD_RING_CHUNK_BYTES=" << ring_chunk_bytes << "\n"
-      << "HOROVOD_HIERARCHICAL_ALLREDUCE=" << hierarchical_allreduce << "\n"
-      << "HOROVOD_HIERARCHICAL_ALLGATHER=" << hierarchical_allgather << "\n"
-      << "HOROVOD_SHM_CONTROL=" << shm_control << "\n"
-      << "HOROVOD_SHM_THREADS=" << shm_threads << "\n"
-      << "HOROVOD_BATCH_WHILE_BUSY=" << batch_while_busy << "\n"
-      << "HOROVOD_AUTOTUNE=" << autotune << "\n";
-  return out.str();
+  std::string out;
+  auto line = [&out](const char* knob, int64_t value) {
+    out += std::string(knob) + "=" + std::to_string(value) + "\n";
+  };
+  line("HOROVOD_FUSION_THRESHOLD", fusion_threshold_bytes);
+  line("HOROVOD_DISABLE_GROUP_FUSION", disable_group_fusion);
+  line("HOROVOD_CACHE_CAPACITY", cache_capacity);
+  line("HOROVOD_STEADY_STATE_EXCHANGE", steady_exchange);
+  line("HOROVOD_SMALL_ALLREDUCE_BYTES", small_allreduce_bytes);
+  line("HOROVOD_RING_CHUNK_BYTES", ring_chunk_bytes);
+  line("HOROVOD_HIERARCHICAL_ALLREDUCE", hierarchical_allreduce);
+  line("HOROVOD_HIERARCHICAL_ALLGATHER", hierarchical_allgather);
+  line("HOROVOD_SHM_CONTROL", shm_control);
+  line("HOROVOD_SHM_THREADS", shm_threads);
+  line("HOROVOD_BATCH_WHILE_BUSY", batch_while_busy);
+  line("HOROVOD_AUTOTUNE", autotune);
+  return out;
 }
 
 namespace {
 std::map<std::string, std::string> ParseSettings(const std::string& s) {
   std::map<std::string, std::string> out;
-  std::istringstream in(s);
-  for (std::string line; std::getline(in, line);) {
-    auto eq = line.find('=');
+  size_t start = 0;
+  while (start < s.size()) {
+    size_t end = s.find('\n', start);
+    if (end == std::string::npos) end = s.size();
+    const std::string line = s.substr(start, end - start);
+    const size_t eq = line.find('=');
     if (eq != std::string::npos) out[line.substr(0, eq)] = line.substr(eq + 1);
+    start = end + 1;
   }
   return out;
 }

@@ -24,7 +24,7 @@ namespace hvd {
     "After a cycle that ran work, poll for new requests this many microseconds "      \
     "before sleeping, and let a thread waiting for an op poll as long before it "     \
     "sleeps: lower latency for back-to-back ops at the cost of busy cores. -1: 100 "  \
-    "when the process sees a CUDA device, else 0.")                                   \
+    "once the process has submitted a CUDA tensor, else 0.")                          \
   X(cache_capacity, "HOROVOD_CACHE_CAPACITY", int64_t, 1024,                          \
     "Number of responses kept in the response cache (0 disables the cache).")         \
   X(steady_exchange, "HOROVOD_STEADY_STATE_EXCHANGE", int64_t, 1,                     \

@@ -56,8 +56,11 @@ StallOptions StallOptionsOf(const Config& config) {
 // HOROVOD_THREAD_AFFINITY: the core of this rank's background thread, or -1.
 int AffinityCore(const std::string& spec, int local_rank) {
   std::vector<int> cores;
-  std::stringstream in(spec);
-  for (std::string item; std::getline(in, item, ',');) {
+  for (size_t start = 0; start < spec.size();) {  // comma-separated, no iostreams
+    size_t end = spec.find(',', start);
+    if (end == std::string::npos) end = spec.size();
+    const std::string item = spec.substr(start, end - start);
+    start = end + 1;
     try {
       cores.push_back(std::stoi(item));
     } catch (const std::exception&) {
@@ -80,9 +83,6 @@ int AffinityCore(const std::string& spec, int local_rank) {
 Status Runtime::Create(const WorldInfo& world, const Config& config,
                        std::unique_ptr<Runtime>* out) {
   std::unique_ptr<Runtime> rt(new Runtime(world, config));
-  // Spinning saves the thread wake-ups that dominate a small GPU op's latency
-  // (docs/benchmarks.md); CPU-only processes keep their cores.
-  if (rt->config_.spin_us < 0) rt->config_.spin_us = at::hasCUDA() ? 100 : 0;
   // The coordinator's timeline file is opened first: a bad path fails init() on
   // rank 0 before any peer waits for it.
   if (world.rank == 0 && !config.timeline.empty() && config.timeline != "DYNAMIC") {
@@ -374,6 +374,7 @@ Status Runtime::Submit(std::vector<Submission> subs,
   std::vector<std::shared_ptr<GpuEvent>> ready(subs.size());
   for (size_t i = 0; i < subs.size(); ++i) {
     if (subs[i].input.defined() && subs[i].input.is_cuda()) {
+      gpu_seen_.store(true, std::memory_order_relaxed);  // spin from now on (spin_us())
       ready[i] = gpu_->RecordReady(subs[i].input);
     }
   }
@@ -410,7 +411,6 @@ Status Runtime::Submit(std::vector<Submission> subs,
 // pending and future op; the sockets are shut so peers notice at once too.
 void Runtime::Loop() {
   auto cycle = std::chrono::microseconds(static_cast<int64_t>(config_.cycle_time_ms * 1000));
-  auto spin = std::chrono::microseconds(static_cast<int64_t>(config_.spin_us));
   bool busy = false;  // the last cycle ran work
   TunedParams last_params = controller_->params();
   bool last_done = controller_->autotune_done();
@@ -419,6 +419,7 @@ void Runtime::Loop() {
     std::vector<TimelineCommand> timeline_commands;
     bool want_shutdown;
     const double wake_delay_us = controller_->params().wake_delay_us;
+    const auto spin = std::chrono::microseconds(static_cast<int64_t>(spin_us()));
     if (busy && spin.count() > 0) {
       auto until = std::chrono::steady_clock::now() + spin;
       while (!has_fresh_.load(std::memory_order_acquire) &&

@@ -48,8 +48,16 @@ class Runtime {
  public:
   static Status Create(const WorldInfo& world, const Config& config,
                        std::unique_ptr<Runtime>* out);
-  // HOROVOD_SPIN_US after resolving its automatic default.
-  double spin_us() const { return config_.spin_us; }
+  // HOROVOD_SPIN_US, or when it is unset (-1), 100 once this process has submitted a
+  // CUDA tensor and 0 before: spinning saves the thread wake-ups that dominate a
+  // small GPU op's latency (docs/benchmarks.md), and CPU-only processes keep their
+  // cores. Decided by the ops rather than by asking the CUDA driver at init: its
+  // first call costs each process about 0.1 s, serialised across the host, so 128
+  // local ranks waited about 15 s in hvd.init() for it.
+  double spin_us() const {
+    if (config_.spin_us >= 0) return config_.spin_us;
+    return gpu_seen_.load(std::memory_order_relaxed) ? 100.0 : 0.0;
+  }
   ~Runtime();
 
   const WorldInfo& world() const { return world_; }
@@ -130,6 +138,7 @@ class Runtime {
   std::map<int32_t, std::vector<Request>> fresh_;    // GUARDED_BY(mu_), by process set
   std::map<int32_t, std::vector<int>> set_ranks_;    // GUARDED_BY(mu_): registered sets
   std::atomic<bool> has_fresh_{false};               // hint for the spinning loop
+  std::atomic<bool> gpu_seen_{false};                // a CUDA tensor was submitted
   // Callers blocked waiting for their ops; shared with their handles.
   const std::shared_ptr<Waiters> waiters_ = std::make_shared<Waiters>();
   // Names of ops whose handles are held; shared with the handles, which release them.

@@ -214,7 +214,9 @@ Status SubmitToRuntime(std::vector<Submission> subs,
     return Status::InvalidArgument(kNotInitialized);
   }
   if (ForkedChild()) return ForkedChildError();
-  return G().runtime->Submit(std::move(subs), states);
+  Status st = G().runtime->Submit(std::move(subs), states);
+  G().wait_spin_us = G().runtime->spin_us();  // unset: 100 from the first CUDA tensor on
+  return st;
 }
 
 // A group's id: a hash of its members' names, so that it is the same on every rank

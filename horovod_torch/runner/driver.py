@@ -379,8 +379,12 @@ class Supervisor:
                  command: Sequence[str], spawner: Spawner,
                  forwarder: OutputForwarder,
                  grace_s: float = GRACE_PERIOD_S,
-                 start_timeout_s: Optional[float] = None) -> None:
+                 start_timeout_s: Optional[float] = None,
+                 after_spawn: Optional[Callable[[], Optional[int]]] = None) -> None:
         self._jobs = list(jobs)
+        # Runs once every worker has been started (horovodrun starts the store
+        # there); an exit code stops the job.
+        self._after_spawn = after_spawn
         self._env_for = env_for
         self._command = list(command)
         self._spawner = spawner
@@ -396,6 +400,10 @@ class Supervisor:
         with self._forwarding_signals():
             try:
                 code = self._spawn_all()
+                if code is None and self._after_spawn is not None and not self._signals:
+                    code = self._after_spawn()
+                    if code is not None:
+                        self._terminate(self._alive_workers(), signal.SIGTERM)
                 return code if code is not None else self._supervise()
             finally:
                 self._kill_all()
@@ -425,22 +433,30 @@ class Supervisor:
     # -- lifecycle -------------------------------------------------------
 
     def _spawn_all(self) -> Optional[int]:
-        """Start every worker; return an exit code if that failed."""
-        for slot in self._jobs:
-            if self._signals:
-                return None  # _supervise handles the signal
-            try:
-                proc = self._spawner.spawn(slot, self._command,
-                                           self._env_for(slot))
-            except OSError as exc:
-                log(f"failed to start rank {slot.rank}: {exc}")
-                self._terminate(self._alive_workers(), signal.SIGTERM)
-                return 127 if isinstance(exc, FileNotFoundError) else 126
-            assert proc.stdout is not None
-            worker = Worker(slot, proc)
-            worker.watch(self._forwarder)
-            self._workers.append(worker)
-        return None
+        """Start every worker; return an exit code if that failed.
+
+        The threads that forward a worker's output and wait for its exit start once
+        every worker has been started (the pipes hold what a worker writes in the
+        meantime): starting a thread waits until it runs, which on a host busy with
+        128 starting workers took milliseconds, and the last worker started later by
+        that much per rank."""
+        try:
+            for slot in self._jobs:
+                if self._signals:
+                    return None  # _supervise handles the signal
+                try:
+                    proc = self._spawner.spawn(slot, self._command,
+                                               self._env_for(slot))
+                except OSError as exc:
+                    log(f"failed to start rank {slot.rank}: {exc}")
+                    self._terminate(self._alive_workers(), signal.SIGTERM)
+                    return 127 if isinstance(exc, FileNotFoundError) else 126
+                assert proc.stdout is not None
+                self._workers.append(Worker(slot, proc))
+            return None
+        finally:
+            for worker in self._workers:
+                worker.watch(self._forwarder)
 
     def _supervise(self) -> int:
         finished = set()

@@ -19,7 +19,10 @@ picks the address of the rendezvous store.
 
 Only the standard library is imported at module level; the C++ extension
 (which loads torch) is imported lazily by :func:`_start_store`, so
-``--help`` and argument errors return quickly.
+``--help`` and argument errors return quickly. A fixed-size job starts its
+workers before that: their own ``import torch`` takes as long as ours, so the
+store (on a port held for it since before the first worker started) is
+listening long before the first of them asks for it (:func:`run_static`).
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ import os
 import secrets
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
@@ -544,9 +548,10 @@ def _check_elastic(parser: argparse.ArgumentParser,
     return args
 
 
-def _start_job(args: argparse.Namespace, local_command: bool = True,
-               remote_exec: Optional[remote.RemoteExec] = None):
-    """Checks the commands and starts the store: (secret, server), or an exit code."""
+def _check_commands(args: argparse.Namespace, local_command: bool = True,
+                    remote_exec: Optional[remote.RemoteExec] = None) -> Optional[int]:
+    """None if the worker command (and the remote-exec command) can be found, else
+    the exit code after saying which one is missing."""
     if local_command and not _command_exists(args.command[0]):
         driver.log(f"command not found: {args.command[0]}")
         return 127
@@ -554,6 +559,15 @@ def _start_job(args: argparse.Namespace, local_command: bool = True,
         driver.log(f"command not found: {remote_exec.prefix[0]} (it starts the workers "
                    "on remote hosts; install openssh-client or pass --ssh-command)")
         return 127
+    return None
+
+
+def _start_job(args: argparse.Namespace, local_command: bool = True,
+               remote_exec: Optional[remote.RemoteExec] = None):
+    """Checks the commands and starts the store: (secret, server), or an exit code."""
+    missing = _check_commands(args, local_command, remote_exec)
+    if missing is not None:
+        return missing
     secret = secrets.token_hex(16)
     try:
         return secret, _start_store(secret, args.store_addr)
@@ -684,14 +698,33 @@ def check_build() -> int:
     return 0
 
 
-def _start_store(secret: str, addr: str) -> Any:
-    """Start the in-process rendezvous store on ``addr``; ``.port()`` gives its port.
+def _start_store(secret: str, addr: str, port: int = 0) -> Any:
+    """Start the in-process rendezvous store on ``addr``:``port`` (0: any free port);
+    ``.port()`` gives its port.
 
     Imported here, not at module level: loading ``_C`` loads torch.
     """
     from horovod_torch import _C  # pylint: disable=import-outside-toplevel
 
-    return _C.StoreServer(addr, 0, secret)
+    return _C.StoreServer(addr, port, secret)
+
+
+def reserve_port(addr: str) -> socket.socket:
+    """A free TCP port on ``addr`` held for the rendezvous store until it listens: a
+    socket bound with SO_REUSEADDR that never listens. While it is bound the kernel
+    hands the port to nobody else (a bind to port 0, an outgoing connection), and the
+    store, which binds with SO_REUSEADDR too, may bind it since nothing listens on
+    it. A worker that connects before the store listens is refused, and retries
+    until HOROVOD_START_TIMEOUT. The caller closes the socket once the store runs."""
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((addr, 0))
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def _command_exists(program: str) -> bool:
@@ -792,16 +825,40 @@ def _print_assignment(slots: List[hosts.SlotInfo], addr: str, port: int,
 
 
 def run_static(args: argparse.Namespace) -> int:
-    """Run a fixed-size job: store, workers, supervision; return exit code."""
+    """Run a fixed-size job: workers, store, supervision; return exit code.
+
+    The workers start first, all of them, on a port held for the store
+    (:func:`reserve_port`); then the store starts, which loads torch here (seconds),
+    while the workers load theirs. Starting the store first would delay every
+    worker by our own ``import torch``."""
     remote_exec = _remote_exec(args) if args.remote_hosts else None
     any_local = len(args.remote_hosts) < len({s.hostname for s in args.slots})
-    started = _start_job(args, local_command=any_local, remote_exec=remote_exec)
-    if isinstance(started, int):
-        return started
-    secret, server = started
+    missing = _check_commands(args, local_command=any_local, remote_exec=remote_exec)
+    if missing is not None:
+        return missing
+    secret = secrets.token_hex(16)
+    try:
+        reservation = reserve_port(args.store_addr)
+    except OSError as exc:
+        driver.log(f"failed to start the rendezvous store on {args.store_addr}: {exc}")
+        return 1
+    port = int(reservation.getsockname()[1])
+    server: Any = None
+
+    def start_store() -> Optional[int]:
+        nonlocal server
+        try:
+            server = _start_store(secret, args.store_addr, port)
+        except Exception as exc:  # pylint: disable=broad-except
+            driver.log(f"failed to start the rendezvous store on {args.store_addr}:{port}: "
+                       f"{exc}")
+            return 1
+        finally:
+            reservation.close()
+        return None
+
     spawner = driver.HostSpawner(remote_exec)
     try:
-        port = int(server.port())
         if args.verbose:
             _print_assignment(args.slots, args.store_addr, port, remote_exec)
         supervisor = driver.Supervisor(
@@ -810,11 +867,14 @@ def run_static(args: argparse.Namespace) -> int:
             command=args.command,
             spawner=spawner,
             forwarder=_output_forwarder(args, args.num_proc),
-            start_timeout_s=float(args.start_timeout))
+            start_timeout_s=float(args.start_timeout),
+            after_spawn=start_store)
         return supervisor.run()
     finally:
+        reservation.close()
         spawner.close()
-        server.stop()
+        if server is not None:
+            server.stop()
 
 
 def is_elastic(args: argparse.Namespace) -> bool:
