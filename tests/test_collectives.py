@@ -19,6 +19,10 @@ def test_autograd_through_collectives():
     run_workers("tests.workers:autograd", 3, timeout=90)
 
 
+def test_collectives_under_inference_mode():
+    run_workers("tests.workers:inference_mode", 2, timeout=90)
+
+
 def test_broadcast_and_allgather_objects():
     run_workers("tests.workers:objects", 3, timeout=90)
 

@@ -559,3 +559,34 @@ def join_uneven() -> None:
             hvd.join()
     hvd.shutdown()
     print("join ok", flush=True)
+
+
+def inference_mode(device: str = "cpu") -> None:
+    """Collectives called under torch.inference_mode(), as Lightning's validation and
+    test loops call them: in-place ones write into inference tensors, new outputs
+    are made too, and the process keeps working afterwards (this used to abort the
+    process from the background thread)."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    dev = _device(device)
+    with torch.inference_mode():
+        t = torch.full((4,), float(r + 1), device=dev)
+        assert t.is_inference()
+        close(hvd.allreduce(t, op=hvd.Sum, name="inf.allreduce"),
+              torch.full((4,), float(n * (n + 1) // 2), device=dev), "allreduce")
+        hvd.allreduce_(t, op=hvd.Sum, name="inf.allreduce_")
+        close(t, torch.full((4,), float(n * (n + 1) // 2), device=dev), "allreduce_")
+        g = hvd.allgather(torch.full((r + 1, 2), float(r), device=dev), name="inf.allgather")
+        assert g.shape == (n * (n + 1) // 2, 2), g.shape
+        b = torch.full((3,), float(r), device=dev)
+        hvd.broadcast_(b, root_rank=n - 1, name="inf.broadcast_")
+        close(b, torch.full((3,), float(n - 1), device=dev), "broadcast_")
+        many = [torch.full((2,), float(r), device=dev) for _ in range(3)]
+        for i, out in enumerate(hvd.grouped_allreduce(many, op=hvd.Max, name="inf.group")):
+            close(out, torch.full((2,), float(n - 1), device=dev), f"grouped {i}")
+    # The engine still works outside inference mode, with autograd.
+    x = torch.ones(2, requires_grad=True, device=dev)
+    y = hvd.allreduce(x * 2, op=hvd.Sum, name="after")
+    y.sum().backward()
+    close(x.grad, torch.full((2,), 2.0 * n, device=dev), "grad after")
+    hvd.shutdown()

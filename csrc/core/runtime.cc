@@ -7,9 +7,8 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
-#include <sstream>
 
-#include <ATen/Context.h>
+#include <c10/core/InferenceMode.h>
 
 #include "common/check.h"
 #include "common/logging.h"
@@ -595,17 +594,34 @@ Status Runtime::Execute(ProcessSetState& ps, const std::vector<Response>& respon
     Status st;
     std::vector<Response> rs;
     for (size_t i : batch) rs.push_back(responses[i]);
-    if (first.on_gpu) {
-      Trace(rs, std::string("NCCL_") + OpTypeName(first.type));
-      st = ps.gpu->Execute(rs, entries);
-    } else if (first.type == OpType::kAllreduce) {
-      st = RunAllreduce(ps, rs, entries);
-    } else if (first.type == OpType::kAddProcessSet ||
-               first.type == OpType::kRemoveProcessSet) {
-      st = ChangeProcessSets(first, entries[0]);
-    } else {
-      Trace(rs, std::string(ps.transport->name()) + "_" + OpTypeName(first.type));
-      st = RunOne(ps, first, entries[0]);
+    // A tensor made under torch.inference_mode() may only be written in place under
+    // it: the batch runs in inference mode when one of its tensors is such a tensor
+    // (what it allocates is then an inference tensor too, as the caller's own ops
+    // would make it).
+    auto inference = [](const at::Tensor& t) { return t.defined() && t.is_inference(); };
+    bool any_inference = false;
+    for (const auto& e : entries) {
+      any_inference = any_inference || inference(e.sub.input) || inference(e.sub.output);
+    }
+    try {
+      c10::InferenceMode inference_guard(any_inference);
+      if (first.on_gpu) {
+        Trace(rs, std::string("NCCL_") + OpTypeName(first.type));
+        st = ps.gpu->Execute(rs, entries);
+      } else if (first.type == OpType::kAllreduce) {
+        st = RunAllreduce(ps, rs, entries);
+      } else if (first.type == OpType::kAddProcessSet ||
+                 first.type == OpType::kRemoveProcessSet) {
+        st = ChangeProcessSets(first, entries[0]);
+      } else {
+        Trace(rs, std::string(ps.transport->name()) + "_" + OpTypeName(first.type));
+        st = RunOne(ps, first, entries[0]);
+      }
+    } catch (const std::exception& e) {
+      // A torch error on this thread: fail the ops (and the engine, as for any
+      // error here) with its message; never std::terminate the user's process.
+      st = Status::Aborted(std::string("'") + first.name + "' failed in the background "
+                           "thread: " + e.what());
     }
     TraceEnd(rs);
     if (!st.ok()) {
