@@ -2,7 +2,8 @@
 
 Environment knobs: STEPS, KILL_RANK/KILL_STEP (that rank dies once at that step,
 marker file MARKER), EDIT_STEP/EDIT_FILE/EDIT_TEXT (rank 0 rewrites the discovery
-file at that step, to add or remove hosts)."""
+file at that step, to add or remove hosts), LATE_INIT_S (a worker started after the
+kill waits that long before hvd.init(), as a slow start would)."""
 import os
 import time
 
@@ -11,6 +12,9 @@ import torch.nn as nn
 
 import horovod.torch as hvd
 
+if os.environ.get("LATE_INIT_S") and os.path.exists(os.environ.get("MARKER", "")):
+    time.sleep(float(os.environ["LATE_INIT_S"]))
+    print(f"LATE_READY at={time.time():.3f}", flush=True)
 hvd.init()
 torch.manual_seed(0)
 STEPS = int(os.environ.get("STEPS", "40"))
@@ -27,7 +31,9 @@ sampler = hvd.elastic.ElasticSampler(list(range(256)), shuffle=True, seed=1)
 state = hvd.elastic.TorchState(model, opt, sampler=sampler, step=0, epoch=0, batch=0)
 resets = []
 reported = []
-state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+state.register_reset_callbacks([
+    lambda: resets.append(hvd.size()),
+    lambda: print(f"RESET size={hvd.size()} at={time.time():.3f}", flush=True)])
 
 
 @hvd.elastic.run

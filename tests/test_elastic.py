@@ -45,6 +45,21 @@ def test_worker_failure_restores_and_continues(tmp_path):
     assert recovery, out
 
 
+def test_survivor_trains_on_until_the_replacement_reaches_init(tmp_path):
+    """The generation that adds a worker is formed once that worker has reached
+    hvd.init(): the survivor does not stop to wait while the newcomer starts."""
+    rc, out = _run(tmp_path, "localhost:2", {"KILL_RANK": "1", "KILL_STEP": "15",
+                                             "STEPS": "600", "STEP_SLEEP": "0.02",
+                                             "LATE_INIT_S": "4"},
+                   ["-np", "2", "--min-np", "1", "--max-np", "2",
+                    "--blacklist-cooldown-range", "1", "2"])
+    assert rc == 0, out
+    ready = float(re.search(r"LATE_READY at=([\d.]+)", out).group(1))
+    grown = [float(t) for t in re.findall(r"RESET size=2 at=([\d.]+)", out)]
+    assert grown, "the replacement worker did not join:\n" + out
+    assert min(grown) >= ready, out
+
+
 def test_host_added_joins_running_job(tmp_path):
     rc, out = _run(tmp_path, "localhost:1",
                    {"EDIT_STEP": "5", "EDIT_TEXT": "localhost:1;127.0.0.2:1", "STEPS": "60",
@@ -145,7 +160,7 @@ def _oci_kill_and_add_host(tmp_path):
     cmd = [sys.executable, "-m", "horovod_torch.runner", "-np", "2", "--min-np", "1",
            "--max-np", "3", "--host-discovery-script", str(discover), sys.executable,
            os.path.join(ROOT, "examples", "elastic", "train.py"), "--data-dir", str(data),
-           "--epochs", "2", "--batch-size", "32"]
+           "--epochs", "6", "--batch-size", "32"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     lines = []
@@ -175,5 +190,7 @@ def _oci_kill_and_add_host(tmp_path):
     assert "127.0.0.3:1" in out, "the new host never joined:\n" + out
     assert out.count("Test set: Average loss") == 1, out
     ckpts = sorted(p.name for p in (sync_dir / "artifacts" / "ckpts").iterdir())
-    assert ckpts == ["checkpoint-2.pth.tar", "checkpoint-3.pth.tar"], ckpts
+    # Enough epochs that the new host's worker, which trains only once it has started
+    # (the survivor goes on meanwhile), joins before the end.
+    assert ckpts == [f"checkpoint-{e}.pth.tar" for e in range(2, 8)], ckpts
     assert any(p.name.startswith("events.") for p in (sync_dir / "artifacts" / "logs").iterdir())

@@ -54,6 +54,10 @@ def next_assignment(timeout_s: float) -> Tuple[dict, str]:
     assigned before and is left out of a new generation was removed: it exits."""
     global _gen
     worker_id = os.environ["HOROVOD_ELASTIC_WORKER_ID"]
+    if _gen < 0:
+        # A new worker tells the driver it is here: the driver puts it in a
+        # generation only now, and the running workers trained on meanwhile.
+        _store().set(READY_KEY.format(worker_id=worker_id), b"1")
     deadline = time.monotonic() + timeout_s
     while True:
         gen = current_generation()
@@ -81,6 +85,7 @@ def next_assignment(timeout_s: float) -> Tuple[dict, str]:
 
 
 COMMIT_KEY = "elastic/commit"
+READY_KEY = "elastic/ready/{worker_id}"  # runner/elastic_driver.py reads it
 FATAL_KEY = "elastic/fatal"
 
 

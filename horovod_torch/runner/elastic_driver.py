@@ -41,6 +41,10 @@ DISCOVERY_TIMEOUT_S = 30.0  # a run taking longer is killed (its whole process g
 REMOVED_GRACE_S = 30.0
 
 
+# A new worker writes this key when it reaches hvd.init() (elastic/worker.py).
+READY_KEY = "elastic/ready/{worker_id}"
+
+
 @dataclass
 class _Worker:
     worker_id: str
@@ -53,6 +57,7 @@ class _Worker:
     slot: Optional[hosts.SlotInfo] = None  # the place it was started for
     removed_at: Optional[float] = None
     done: bool = False
+    ready: bool = False  # it reached hvd.init() (elastic/worker.py READY_KEY)
 
 
 @dataclass
@@ -361,11 +366,35 @@ class ElasticDriver:
         """Live workers on remote hosts that have not answered yet."""
         return [w for w in self._live() if driver.waiting_to_start(w.proc)]
 
+    def _eligible(self) -> List[_Worker]:
+        """Live workers a new generation may have: those of the last one, and new ones
+        that have reached hvd.init(). A new worker spends seconds importing torch
+        first; the workers already training go on meanwhile instead of waiting for it
+        in a generation it cannot join yet."""
+        return [w for w in self._live() if w.rank >= 0 or w.ready]
+
+    def _note_ready(self) -> bool:
+        """Marks the new workers that have reached hvd.init(); True if any did now."""
+        any_now = False
+        for w in self._live():
+            if w.rank < 0 and not w.ready and \
+                    self._store.get(READY_KEY.format(worker_id=w.worker_id)) is not None:
+                w.ready = any_now = True
+        return any_now
+
+    def _starting(self) -> bool:
+        """Before the first generation: some worker has not reached hvd.init() yet and
+        started less than the start timeout ago (the first generation has them all,
+        rather than a second one following at once)."""
+        now = time.monotonic()
+        return self._gen < 0 and any(
+            not w.ready and now - w.started_at < self._o.start_timeout for w in self._live())
+
     def _publish(self, added: bool) -> None:
-        """Writes a new generation: survivors first (old rank order), then new ones.
-        Called only while no worker is pending: a generation never waits for a host
-        that may not be reachable."""
-        live = sorted(self._live(), key=self._rank_order)
+        """Writes a new generation: survivors first (old rank order), then new ones
+        that have reached hvd.init() (see _eligible). Called only while no worker is
+        pending: a generation never waits for a host that may not be reachable."""
+        live = sorted(self._eligible(), key=self._rank_order)
         members = [w.worker_id for w in live]
         if members == self._members:
             return  # e.g. a new host failed before it ever joined: nothing to tell
@@ -482,7 +511,12 @@ class ElasticDriver:
                 next_grow = time.monotonic() + DISCOVERY_PERIOD_S
                 if len(self._live()) < self._o.max_np and self._grow(self._o.max_np):
                     changed = added = True
-            if changed and not finished and not self._pending():
+            if self._note_ready():
+                changed = added = True
+            if changed and not finished and not self._pending() and not self._starting():
+                if len(self._eligible()) < self._o.min_np and \
+                        len(self._live()) >= self._o.min_np:
+                    continue  # enough workers, some still starting
                 if len(self._live()) < self._o.min_np:
                     self._grow(self._o.max_np)
                     if self._pending():
