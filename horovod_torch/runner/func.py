@@ -189,7 +189,9 @@ def _results(server: Any, job: Any, code: int) -> List[Any]:
     return results
 
 
-def _raise_worker_error(error: dict) -> None:
+def _raise_worker_error(error: dict, api: str = "horovod.runner.run") -> None:
+    """Raises a rank's exception, with the rank's traceback as its cause (also used
+    by horovod_torch.spark.run, `api` naming the caller in the note)."""
     cause = RemoteTraceback(error["rank"], error["traceback"])
     exc: Optional[BaseException] = None
     if error.get("exception") is not None:
@@ -200,7 +202,7 @@ def _raise_worker_error(error: dict) -> None:
     if not isinstance(exc, BaseException):
         exc = RuntimeError(f"rank {error['rank']}: {error['summary']}")
     if hasattr(exc, "add_note"):
-        exc.add_note(f"(raised in rank {error['rank']} of horovod.runner.run; the "
+        exc.add_note(f"(raised in rank {error['rank']} of {api}; the "
                      "worker's traceback is above)")
     raise exc from cause
 

@@ -221,19 +221,7 @@ def _raise_rank_error(error: dict) -> None:
     if not error.get("traceback"):
         raise RuntimeError(f"horovod_torch.spark.run: rank {rank} {error['summary']} "
                            "(its output above says more)")
-    cause = run_func.RemoteTraceback(rank, error["traceback"])
-    exc: Optional[BaseException] = None
-    if error.get("exception") is not None:
-        try:
-            exc = pickle.loads(error["exception"])
-        except Exception:  # pylint: disable=broad-except
-            exc = None
-    if not isinstance(exc, BaseException):
-        exc = RuntimeError(f"rank {rank}: {error['summary']}")
-    if hasattr(exc, "add_note"):
-        exc.add_note(f"(raised in rank {rank} of horovod_torch.spark.run; the rank's "
-                     "traceback is above)")
-    raise exc from cause
+    run_func._raise_worker_error(error, "horovod_torch.spark.run")  # pylint: disable=protected-access
 
 
 def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[dict] = None,
