@@ -8,8 +8,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <system_error>
@@ -23,16 +21,6 @@ namespace {
 constexpr double kForever = 365.0 * 24 * 3600;
 // Sending one request or reply, and the client's side of the handshake.
 constexpr double kIoTimeout = 10.0;
-// Connections accepted per wake-up of the accept loop, so that a flood of new
-// connections cannot starve the handshakes in progress.
-constexpr int kAcceptBurst = 256;
-
-// Requests: u8 opcode, then fields. Replies: u8 status (1 = found/ok), then fields.
-// 'L' (limit) asks for the server's max_frame; the client sends it once, at Connect.
-enum : uint8_t { kSet = 'S', kGet = 'G', kAdd = 'A', kLimit = 'L' };
-
-const char* const kRejectWhat[] = {"wrong secret", "malformed or closed", "too slow",
-                                   "pushed out by newer connections"};
 
 std::chrono::microseconds Micros(double s) {
   return std::chrono::microseconds(static_cast<int64_t>(s * 1e6));
@@ -42,54 +30,75 @@ double SecondsLeft(Clock::time_point deadline) {
   return std::max(0.0, std::chrono::duration<double>(deadline - Clock::now()).count());
 }
 
-int MsUntil(Clock::time_point t) {
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t - Clock::now()).count();
-  return ms < 0 ? 0 : static_cast<int>(std::min<int64_t>(ms + 1, 1 << 30));
-}
-
-std::string Frame(const std::string& payload) {
-  uint64_t n = payload.size();
-  std::string buf(reinterpret_cast<const char*>(&n), 8);
-  return buf + payload;
-}
-
-// Sends a small frame on a non-blocking socket whose send buffer has room (a fresh
-// connection): all or nothing, no waiting.
-bool SendSmall(int fd, const std::string& payload) {
-  std::string buf = Frame(payload);
-  ssize_t n = ::send(fd, buf.data(), buf.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-  return n == static_cast<ssize_t>(buf.size());
-}
-
-std::string Seconds(double s) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%g", std::max(0.1, std::round(s * 10) / 10));
-  return buf;
-}
+// A wait asked for over the wire, as a duration that is safe to convert: NaN and
+// negative values are 0, anything above kForever is kForever.
+double WaitSeconds(double s) { return s > 0 ? std::min(s, kForever) : 0.0; }
 
 }  // namespace
 
-// A connection in the handshake: its nonce went out; `in` collects the reply frame.
-struct StoreServer::Pending {
-  Socket sock;
-  std::string peer;
-  std::string nonce;
-  std::string in;
-  Clock::time_point deadline;
-};
+namespace store_wire {
+
+std::string EncodeRequest(const Request& r) {
+  Writer w;
+  w.U8(r.op);
+  w.Str(r.key);
+  if (r.op == kSet) w.Str(r.value);
+  if (r.op == kGet) w.F64(r.timeout_s);
+  if (r.op == kAdd) w.I64(r.delta);
+  return std::move(w.str());
+}
+
+bool ParseRequest(const std::string& bytes, Request* r) {
+  Reader rd(bytes);
+  *r = Request();
+  r->op = rd.U8();
+  r->key = rd.Str();
+  switch (r->op) {
+    case kSet: r->value = rd.Str(); break;
+    case kGet: r->timeout_s = rd.F64(); break;
+    case kAdd: r->delta = rd.I64(); break;
+    case kLimit: break;
+    default: return false;
+  }
+  return rd.ok() && rd.done();
+}
+
+std::string EncodeReply(uint8_t op, const Reply& r) {
+  Writer w;
+  w.U8(r.ok ? 1 : 0);
+  if (op == kGet) w.Str(r.value);
+  if (op == kAdd || op == kLimit) w.U64(r.number);
+  return std::move(w.str());
+}
+
+bool ParseReply(uint8_t op, const std::string& bytes, Reply* r) {
+  *r = Reply();
+  if (bytes.size() == 1 && bytes[0] == 0) return true;  // the request was refused
+  Reader rd(bytes);
+  const uint8_t status = rd.U8();
+  r->ok = status == 1;
+  if (op == kGet) r->value = rd.Str();
+  if (op == kAdd || op == kLimit) r->number = rd.U64();
+  return status <= 1 && rd.ok() && rd.done();
+}
+
+}  // namespace store_wire
 
 StoreServer::StoreServer(const std::string& host, int port, std::string secret,
                          StoreOptions options)
     : secret_(std::move(secret)), options_(options) {
   options_.max_frame = std::clamp<uint64_t>(options_.max_frame, kMaxHandshakeFrame,
                                             kStoreMaxFrameLimit);
-  options_.max_pending_handshakes = std::max(1, options_.max_pending_handshakes);
-  if (!(options_.handshake_timeout_s > 0)) options_.handshake_timeout_s = 5.0;
-  if (!(options_.log_interval_s >= 0)) options_.log_interval_s = 10.0;
   status_ = Listen(host, port, &listener_, &port_);
   if (!status_.ok()) return;
   // poll() says when to accept; accept4 must then never block.
   ::fcntl(listener_.fd(), F_SETFL, ::fcntl(listener_.fd(), F_GETFL, 0) | O_NONBLOCK);
+  HandshakeQueueOptions hs;
+  hs.max_pending = static_cast<size_t>(std::max(1, options_.max_pending_handshakes));
+  hs.timeout_s = options_.handshake_timeout_s;
+  hs.log_interval_s = options_.log_interval_s;
+  hs.who = "rendezvous store";
+  handshakes_ = std::make_unique<HandshakeQueue>(secret_, hs);
   accept_thread_ = std::thread([this] { AcceptLoop(); });
 }
 
@@ -132,32 +141,22 @@ void StoreServer::ReapFinished() {
   for (auto& t : done) t.join();
 }
 
-// One thread accepts connections and runs their handshakes without blocking: a
-// connection costs no thread until it has proven it holds the secret, at most
-// max_pending_handshakes are in the handshake at once, and each has
+// One thread accepts connections and runs their handshakes without blocking
+// (HandshakeQueue): a connection costs no thread until it has proven it holds the
+// secret, at most max_pending_handshakes are in the handshake at once, and each has
 // handshake_timeout_s to finish it.
 void StoreServer::AcceptLoop() {
-  std::vector<Pending> pending;
+  HandshakeQueue& queue = *handshakes_;
+  const HandshakeQueue::Done serve = [this](Socket sock, const std::string&) {
+    StartServing(std::move(sock));
+  };
   std::vector<pollfd> fds;
   while (!stopping_) {
-    const auto now = Clock::now();
-    auto expired = [&](Pending& p) {
-      if (now < p.deadline) return false;
-      NoteRejected(Reject::kTooSlow, p.peer);
-      return true;
-    };
-    pending.erase(std::remove_if(pending.begin(), pending.end(), expired), pending.end());
-    FlushRejectLog(false);
-    num_pending_ = pending.size();
-
-    int wait_ms = 500;  // re-check stopping_ at least this often
-    for (const Pending& p : pending) wait_ms = std::min(wait_ms, MsUntil(p.deadline));
-    if (reject_window_open_) {
-      wait_ms = std::min(wait_ms, MsUntil(reject_window_start_ + Micros(options_.log_interval_s)));
-    }
+    queue.Expire(serve);
+    num_pending_ = queue.size();
     fds.assign(1, pollfd{listener_.fd(), POLLIN, 0});
-    for (const Pending& p : pending) fds.push_back(pollfd{p.sock.fd(), POLLIN, 0});
-    int rc = ::poll(fds.data(), fds.size(), wait_ms);
+    queue.AddPollFds(&fds);
+    int rc = ::poll(fds.data(), fds.size(), queue.WaitMs(500));  // re-checks stopping_
     ReapFinished();
     if (stopping_) break;
     if (rc < 0) {
@@ -165,74 +164,11 @@ void StoreServer::AcceptLoop() {
       continue;
     }
     if (rc == 0) continue;
-    std::vector<Pending> still;
-    still.reserve(pending.size());
-    for (size_t i = 0; i < pending.size(); ++i) {
-      if (fds[i + 1].revents == 0 || Advance(&pending[i])) still.push_back(std::move(pending[i]));
-    }
-    pending.swap(still);
-    if (fds[0].revents != 0) AcceptWaiting(&pending);
+    queue.Advance(fds.data() + 1, serve);
+    if (fds[0].revents != 0) queue.Accept(listener_);
   }
-  pending.clear();  // closes them
+  queue.Clear();
   num_pending_ = 0;
-  FlushRejectLog(true);
-}
-
-void StoreServer::AcceptWaiting(std::vector<Pending>* pending) {
-  for (int i = 0; i < kAcceptBurst && !stopping_; ++i) {
-    int fd = ::accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) {
-      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-        // Out of descriptors: the connection stays in the backlog; do not spin on it.
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-      return;  // EAGAIN: none left; other errors are the client's (ECONNABORTED)
-    }
-    Pending p;
-    p.sock = Socket(fd);
-    p.peer = PeerAddress(p.sock);
-    p.nonce = HandshakeNonce();
-    p.deadline = Clock::now() + Micros(options_.handshake_timeout_s);
-    if (!SendSmall(fd, p.nonce)) {
-      NoteRejected(Reject::kMalformed, p.peer);
-      continue;
-    }
-    if (pending->size() >= static_cast<size_t>(options_.max_pending_handshakes)) {
-      NoteRejected(Reject::kPushedOut, pending->front().peer);
-      pending->erase(pending->begin());
-    }
-    pending->push_back(std::move(p));
-  }
-}
-
-bool StoreServer::Advance(Pending* p) {
-  const int fd = p->sock.fd();
-  while (true) {
-    uint64_t len = 0;
-    if (p->in.size() >= 8) std::memcpy(&len, p->in.data(), 8);
-    if (len > kMaxHandshakeFrame) {  // before reading (let alone allocating) the rest
-      NoteRejected(Reject::kMalformed, p->peer);
-      return false;
-    }
-    const size_t want = p->in.size() < 8 ? 8 - p->in.size() : 8 + len - p->in.size();
-    if (want == 0) break;
-    char buf[kMaxHandshakeFrame + 8];
-    ssize_t n = ::recv(fd, buf, want, MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return true;
-    if (n <= 0) {  // closed, or reset
-      NoteRejected(Reject::kMalformed, p->peer);
-      return false;
-    }
-    p->in.append(buf, static_cast<size_t>(n));
-  }
-  const bool ok = HandshakeReplyValid(secret_, p->nonce, p->in.substr(8), nullptr);
-  const bool sent = SendSmall(fd, ok ? "Y" : "N");
-  if (!ok) {
-    NoteRejected(Reject::kWrongSecret, p->peer);
-    return false;
-  }
-  if (sent) StartServing(std::move(p->sock));
-  return false;
 }
 
 void StoreServer::StartServing(Socket sock) {
@@ -249,47 +185,6 @@ void StoreServer::StartServing(Socket sock) {
     conns_.erase(id);
     conn_threads_.erase(id);
   }
-}
-
-void StoreServer::NoteRejected(Reject why, const std::string& peer) {
-  if (stopping_) return;
-  if (!reject_window_open_) {
-    reject_window_open_ = true;
-    reject_window_start_ = Clock::now();
-    HVD_LOG(kWarning) << "rendezvous store: rejected a connection that failed the job-secret "
-                         "handshake ("
-                      << kRejectWhat[static_cast<int>(why)] << ", from " << peer
-                      << "); more are reported as one count every "
-                      << Seconds(options_.log_interval_s) << " s";
-    return;
-  }
-  ++rejected_[static_cast<int>(why)];
-  last_rejected_peer_ = peer;
-}
-
-void StoreServer::FlushRejectLog(bool final) {
-  if (!reject_window_open_) return;
-  const double elapsed =
-      std::chrono::duration<double>(Clock::now() - reject_window_start_).count();
-  if (!final && elapsed < options_.log_interval_s) return;
-  uint64_t total = 0;
-  std::string detail;
-  for (int i = 0; i < static_cast<int>(Reject::kCount); ++i) {
-    if (rejected_[i] == 0) continue;
-    total += rejected_[i];
-    detail += (detail.empty() ? "" : ", ") + std::to_string(rejected_[i]) + " " + kRejectWhat[i];
-    rejected_[i] = 0;
-  }
-  if (total == 0) {  // a quiet interval: the next rejection is logged at once again
-    reject_window_open_ = false;
-    return;
-  }
-  HVD_LOG(kWarning) << "rendezvous store: rejected " << total
-                    << (total == 1 ? " connection" : " connections")
-                    << " that failed the job-secret handshake in the last " << Seconds(elapsed)
-                    << " s (" << detail << "; the latest from " << last_rejected_peer_ << ")";
-  reject_window_start_ = Clock::now();
-  if (final) reject_window_open_ = false;
 }
 
 void StoreServer::Serve(uint64_t id, std::shared_ptr<Socket> conn) {
@@ -319,33 +214,29 @@ void StoreServer::Serve(uint64_t id, std::shared_ptr<Socket> conn) {
 }
 
 std::string StoreServer::Handle(const std::string& request) {
-  Reader rd(request);
-  uint8_t op = rd.U8();
-  std::string key = rd.Str();
-  Writer w;
-  if (op == kSet) {
-    Set(key, rd.Str());
-    w.U8(1);
-  } else if (op == kAdd) {
-    int64_t result = 0;
-    bool ok = Add(key, rd.I64(), &result);
-    w.U8(ok ? 1 : 0);
-    w.I64(result);
-  } else if (op == kGet) {
-    double timeout_s = rd.F64();
-    auto deadline = Clock::now() + Micros(std::min(timeout_s, kForever));
+  using namespace store_wire;
+  Request req;
+  Reply reply;
+  if (!ParseRequest(request, &req)) return std::string(1, '\0');
+  if (req.op == kSet) {
+    Set(req.key, req.value);
+    reply.ok = true;
+  } else if (req.op == kAdd) {
+    int64_t sum = 0;
+    reply.ok = Add(req.key, req.delta, &sum);
+    reply.number = static_cast<uint64_t>(sum);
+  } else if (req.op == kGet) {
+    auto deadline = Clock::now() + Micros(WaitSeconds(req.timeout_s));
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_until(lock, deadline, [&] { return stopping_ || data_.count(key) > 0; });
-    auto it = data_.find(key);
-    w.U8(it != data_.end() ? 1 : 0);
-    w.Str(it != data_.end() ? it->second : std::string());
-  } else if (op == kLimit) {
-    w.U8(1);
-    w.U64(options_.max_frame);
-  } else {
-    w.U8(0);
+    cv_.wait_until(lock, deadline, [&] { return stopping_ || data_.count(req.key) > 0; });
+    auto it = data_.find(req.key);
+    reply.ok = it != data_.end();
+    if (reply.ok) reply.value = it->second;
+  } else if (req.op == kLimit) {
+    reply.ok = true;
+    reply.number = options_.max_frame;
   }
-  return std::move(w.str());
+  return EncodeReply(req.op, reply);
 }
 
 void StoreServer::Set(const std::string& key, const std::string& value) {
@@ -375,8 +266,10 @@ bool StoreServer::Add(const std::string& key, int64_t delta, int64_t* result) {
       v = std::strtoll(it->second.c_str(), &end, 10);
       if (it->second.empty() || *end != '\0' || errno != 0) return false;
     }
-    *result = v + delta;
-    data_[key] = std::to_string(*result);
+    int64_t sum = 0;
+    if (__builtin_add_overflow(v, delta, &sum)) return false;
+    *result = sum;
+    data_[key] = std::to_string(sum);
   }
   cv_.notify_all();
   return true;
@@ -392,18 +285,14 @@ Status StoreClient::Connect(const std::string& host, int port, const std::string
     bool rejected = false;
     Status st = ClientHandshake(c->sock_.fd(), secret, "store",
                                 std::clamp(SecondsLeft(deadline), 1.0, kIoTimeout), &rejected);
-    std::string reply;
+    store_wire::Reply reply;
     if (st.ok()) {
-      Writer w;
-      w.U8(kLimit);
-      w.Str("");
-      st = c->Call(w.str(), 0, &reply);
+      store_wire::Request limit;
+      limit.op = store_wire::kLimit;
+      st = c->Call(limit, 0, &reply);
     }
     if (st.ok()) {
-      Reader rd(reply);
-      const bool known = rd.U8() == 1;
-      const uint64_t limit = rd.U64();
-      if (known && rd.ok()) c->max_frame_ = std::min(limit, kStoreMaxFrameLimit);
+      if (reply.ok) c->max_frame_ = std::min(reply.number, kStoreMaxFrameLimit);
       *out = std::move(c);
       return Status::Ok();
     }
@@ -414,18 +303,24 @@ Status StoreClient::Connect(const std::string& host, int port, const std::string
   }
 }
 
-Status StoreClient::Call(const std::string& request, double timeout_s, std::string* reply) {
+Status StoreClient::Call(const store_wire::Request& request, double timeout_s,
+                         store_wire::Reply* reply) {
+  const std::string bytes = store_wire::EncodeRequest(request);
   std::lock_guard<std::mutex> lock(mu_);
-  if (request.size() > max_frame_) {
+  if (bytes.size() > max_frame_) {
     return Status::InvalidArgument("a rendezvous store request of " +
-                                   std::to_string(request.size()) +
+                                   std::to_string(bytes.size()) +
                                    " bytes is larger than the " + std::to_string(max_frame_) +
                                    " bytes this store accepts");
   }
-  HVD_RETURN_IF_ERROR(SendFrame(sock_.fd(), request, kIoTimeout));
-  Status st = RecvFrame(sock_.fd(), reply, std::min(timeout_s, kForever) + kIoTimeout,
+  HVD_RETURN_IF_ERROR(SendFrame(sock_.fd(), bytes, kIoTimeout));
+  std::string got;
+  Status st = RecvFrame(sock_.fd(), &got, WaitSeconds(timeout_s) + kIoTimeout,
                         kStoreMaxFrameLimit);
   if (!st.ok()) return Status::Aborted("lost the rendezvous store: " + st.message());
+  if (!store_wire::ParseReply(request.op, got, reply)) {
+    return Status::Aborted("the rendezvous store sent a malformed reply");
+  }
   return Status::Ok();
 }
 
@@ -437,25 +332,19 @@ Status StoreClient::Set(const std::string& key, const std::string& value) {
         std::to_string(value.size()) + " bytes: this store accepts requests of at most " +
         std::to_string(max_frame_) + " bytes (key and value together); nothing was stored");
   }
-  Writer w;
-  w.U8(kSet);
-  w.Str(key);
-  w.Str(value);
-  std::string reply;
-  return Call(w.str(), 0, &reply);
+  store_wire::Request req;
+  req.op = store_wire::kSet;
+  req.key = key;
+  req.value = value;
+  store_wire::Reply reply;
+  HVD_RETURN_IF_ERROR(Call(req, 0, &reply));
+  if (!reply.ok) return Status::Aborted("the rendezvous store refused to set '" + key + "'");
+  return Status::Ok();
 }
 
 Status StoreClient::Get(const std::string& key, double timeout_s, std::string* value) {
   bool found = false;
-  Writer w;
-  w.U8(kGet);
-  w.Str(key);
-  w.F64(timeout_s);
-  std::string reply;
-  HVD_RETURN_IF_ERROR(Call(w.str(), timeout_s, &reply));
-  Reader rd(reply);
-  found = rd.U8() == 1;
-  *value = rd.Str();
+  HVD_RETURN_IF_ERROR(Fetch(key, timeout_s, value, &found));
   if (!found) {
     return Status::Aborted("timed out after " + std::to_string(timeout_s) +
                            " s waiting for rendezvous key '" + key + "'");
@@ -464,29 +353,34 @@ Status StoreClient::Get(const std::string& key, double timeout_s, std::string* v
 }
 
 Status StoreClient::TryGet(const std::string& key, std::string* value, bool* found) {
-  Writer w;
-  w.U8(kGet);
-  w.Str(key);
-  w.F64(0.0);
-  std::string reply;
-  HVD_RETURN_IF_ERROR(Call(w.str(), 0, &reply));
-  Reader rd(reply);
-  *found = rd.U8() == 1;
-  *value = rd.Str();
+  return Fetch(key, 0.0, value, found);
+}
+
+Status StoreClient::Fetch(const std::string& key, double timeout_s, std::string* value,
+                          bool* found) {
+  store_wire::Request req;
+  req.op = store_wire::kGet;
+  req.key = key;
+  req.timeout_s = timeout_s;
+  store_wire::Reply reply;
+  HVD_RETURN_IF_ERROR(Call(req, timeout_s, &reply));
+  *found = reply.ok;
+  *value = std::move(reply.value);
   return Status::Ok();
 }
 
 Status StoreClient::Add(const std::string& key, int64_t delta, int64_t* result) {
-  Writer w;
-  w.U8(kAdd);
-  w.Str(key);
-  w.I64(delta);
-  std::string reply;
-  HVD_RETURN_IF_ERROR(Call(w.str(), 0, &reply));
-  Reader rd(reply);
-  bool ok = rd.U8() == 1;
-  *result = rd.I64();
-  if (!ok) return Status::InvalidArgument("store key '" + key + "' does not hold an integer");
+  store_wire::Request req;
+  req.op = store_wire::kAdd;
+  req.key = key;
+  req.delta = delta;
+  store_wire::Reply reply;
+  HVD_RETURN_IF_ERROR(Call(req, 0, &reply));
+  *result = static_cast<int64_t>(reply.number);
+  if (!reply.ok) {
+    return Status::InvalidArgument("store key '" + key + "' does not hold an integer (or adding " +
+                                   std::to_string(delta) + " to it overflows)");
+  }
   return Status::Ok();
 }
 

@@ -31,6 +31,43 @@ constexpr uint64_t kStoreMaxFrame = 4ull << 20;
 // The largest max_frame there can be: a value's length is a u32 on the wire.
 constexpr uint64_t kStoreMaxFrameLimit = (1ull << 32) + 64;
 
+// The store's protocol, inside frames (net.h). Exposed for the tests, which fuzz it.
+// A request: u8 opcode, key (u32 length + bytes), then the opcode's operand; a
+// reply: u8 status (1: ok / found), then the opcode's result. A request that does
+// not parse (unknown opcode, short, or with bytes left over) gets the one-byte
+// reply "\0" and changes nothing.
+namespace store_wire {
+
+enum Op : uint8_t {
+  kSet = 'S',    // value (u32 length + bytes)             -> status
+  kGet = 'G',    // f64 seconds to wait for the key        -> status (found), value
+  kAdd = 'A',    // i64 delta                              -> status (integer), i64 sum
+  kLimit = 'L',  // nothing (empty key): the server's max_frame -> status, u64 limit
+};
+
+struct Request {
+  uint8_t op = kSet;
+  std::string key;
+  std::string value;     // kSet
+  double timeout_s = 0;  // kGet: any double; the server waits within [0, one year]
+  int64_t delta = 0;     // kAdd
+};
+std::string EncodeRequest(const Request& r);
+// True if `bytes` is exactly one well-formed request.
+bool ParseRequest(const std::string& bytes, Request* r);
+
+struct Reply {
+  bool ok = false;
+  std::string value;    // kGet
+  uint64_t number = 0;  // kAdd: the sum (as two's complement); kLimit: the limit
+};
+std::string EncodeReply(uint8_t op, const Reply& r);
+// True if `bytes` is a well-formed reply to `op`: the full one, or the one-byte
+// refusal "\0" (then r->ok is false).
+bool ParseReply(uint8_t op, const std::string& bytes, Reply* r);
+
+}  // namespace store_wire
+
 struct StoreOptions {
   // Requests longer than this are refused before anything is allocated: the client
   // gets an InvalidArgument error without sending (it learns the limit when it
@@ -62,7 +99,7 @@ class StoreServer {
   void Set(const std::string& key, const std::string& value);
   bool Get(const std::string& key, std::string* value);
   // Adds delta to the integer stored at key (absent = 0). False if the stored value
-  // is not an integer.
+  // is not an integer or the sum overflows.
   bool Add(const std::string& key, int64_t delta, int64_t* result);
   void Stop();
   // Authenticated connections being served.
@@ -72,36 +109,21 @@ class StoreServer {
   uint64_t max_frame() const { return options_.max_frame; }
 
  private:
-  struct Pending;
-  enum class Reject { kWrongSecret, kMalformed, kTooSlow, kPushedOut, kCount };
-
   void AcceptLoop();
-  void AcceptWaiting(std::vector<Pending>* pending);
-  // Reads what pending[i] sent; false once it is finished (authenticated and handed
-  // to a thread of its own, or rejected).
-  bool Advance(Pending* p);
   void StartServing(Socket sock);
   void Serve(uint64_t id, std::shared_ptr<Socket> conn);
   void ReapFinished();
   std::string Handle(const std::string& request);
-  // Rate-limited logging of rejected handshakes (accept thread only).
-  void NoteRejected(Reject why, const std::string& peer);
-  void FlushRejectLog(bool final);
 
   std::string secret_;
   StoreOptions options_;
   Status status_;
   int port_ = 0;
   Socket listener_;
+  std::unique_ptr<HandshakeQueue> handshakes_;  // accept thread only
   std::thread accept_thread_;
   std::atomic<bool> stopping_{false};
   std::atomic<size_t> num_pending_{0};
-
-  // Accept thread only: the reject log's current interval.
-  bool reject_window_open_ = false;
-  Clock::time_point reject_window_start_;
-  uint64_t rejected_[static_cast<int>(Reject::kCount)] = {};
-  std::string last_rejected_peer_;
 
   std::mutex mu_;
   std::condition_variable cv_;                      // signalled on every Set/Add
@@ -133,7 +155,10 @@ class StoreClient {
 
  private:
   StoreClient() = default;
-  Status Call(const std::string& request, double timeout_s, std::string* reply);
+  // Sends one request and waits up to timeout_s (plus the I/O timeout) for its reply.
+  Status Call(const store_wire::Request& request, double timeout_s, store_wire::Reply* reply);
+  // Get and TryGet: waits up to timeout_s for the key; *found tells if it came.
+  Status Fetch(const std::string& key, double timeout_s, std::string* value, bool* found);
 
   std::mutex mu_;
   Socket sock_;  // GUARDED_BY(mu_)

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <thread>
 
 #include "common/config.h"
 #include "common/logging.h"
@@ -27,6 +28,33 @@ std::string PeerLost(int peer, const std::string& why) {
 
 double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// The listener's handshake queue holds max(this, 2 * size) connections, and each
+// has min(this timeout, HOROVOD_START_TIMEOUT) to send its reply: a peer answers
+// its nonce within a round trip.
+constexpr size_t kMinPendingHandshakes = 64;
+constexpr double kHandshakeTimeout = 5.0;
+
+// A peer's hello: its rank, in decimal, and nothing else.
+bool ParseRank(const std::string& tag, int* rank) {
+  if (tag.empty() || tag.size() > 9 || (tag.size() > 1 && tag[0] == '0')) return false;
+  int v = 0;
+  for (char c : tag) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + (c - '0');
+  }
+  *rank = v;
+  return true;
+}
+
+// At most 64 bytes of `s` for a log line, non-printable bytes as '?'.
+std::string Printable(const std::string& s) {
+  std::string out = s.substr(0, 64);
+  for (char& c : out) {
+    if (c < 0x20 || c > 0x7e) c = '?';
+  }
+  return s.size() > 64 ? out + "..." : out;
 }
 
 }  // namespace
@@ -49,14 +77,9 @@ struct TcpTransport::Mesh {
   // those names the first one instead, the rank that most likely died.
   int first_hung_up = -1;
 
-  // A connection accepted on the listener whose job-secret handshake is under way:
-  // the nonce went out, the reply frame is being read without blocking.
-  struct Incoming {
-    Socket sock;
-    std::string nonce, in;
-    Clock::time_point deadline;
-  };
-  std::vector<Incoming> incoming;
+  // Connections accepted on the listener whose job-secret handshake is under way
+  // (bounded; see Create). Null while size == 1.
+  std::unique_ptr<HandshakeQueue> handshakes;
   Clock::time_point last_tended{};  // TendListener()'s last poll
 
   std::mutex mu;                     // guards installing sockets against Abort()
@@ -74,62 +97,27 @@ struct TcpTransport::Mesh {
     return Status::Aborted("the TCP transport was aborted (shutting down after an error)");
   }
 
-  // Accepts every connection waiting on the listener and sends each its nonce.
-  void AcceptWaiting() {
-    while (true) {
-      int fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0) return;  // EAGAIN (none left) or an error seen on the next poll
-      Incoming c;
-      c.sock = Socket(fd);
-      c.nonce = HandshakeNonce();
-      c.deadline = Clock::now() + std::chrono::milliseconds(
-                                      static_cast<int64_t>(connect_timeout_s * 1000));
-      if (SendFrame(fd, c.nonce, 1.0).ok()) incoming.push_back(std::move(c));
+  // HandshakeQueue::Done: a connection that proved the secret. Its hello must name
+  // a higher rank that has no socket yet (the higher rank of a pair connects).
+  void Authenticated(Socket sock, const std::string& tag) {
+    int peer = -1;
+    if (!ParseRank(tag, &peer) || peer <= rank || peer >= size || sockets[peer].valid()) {
+      HVD_LOG(kWarning) << "rank " << rank << ": dropped an unexpected connection from "
+                        << PeerAddress(sock) << " (hello '" << Printable(tag) << "')";
+      return;
     }
+    (void)Install(peer, std::move(sock));  // fails only once aborted; Run() reports that
   }
 
-  // Reads what incoming[i] has sent; when its reply is complete, answers it and
-  // installs the socket (a peer) or drops it. Returns false once incoming[i] is
-  // finished (the caller erases it).
-  bool Advance(size_t i) {
-    Incoming& c = incoming[i];
-    char buf[512];
-    ssize_t n = ::recv(c.sock.fd(), buf, sizeof(buf), MSG_DONTWAIT);
-    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-      return false;  // the client went away
-    }
-    if (n > 0) c.in.append(buf, static_cast<size_t>(n));
-    if (c.in.size() < 8) return true;
-    uint64_t len = 0;
-    std::memcpy(&len, c.in.data(), 8);
-    bool ok = len <= kMaxHandshakeFrame;
-    if (ok && c.in.size() < 8 + len) return true;
-    std::string tag;
-    ok = ok && HandshakeReplyValid(secret, c.nonce, c.in.substr(8, len), &tag);
-    SendFrame(c.sock.fd(), ok ? "Y" : "N", 1.0);
-    if (!ok) {
-      HVD_LOG(kWarning) << "rejected a connection from " << PeerAddress(c.sock)
-                        << " that failed the job-secret handshake";
-      return false;
-    }
-    int peer = std::atoi(tag.c_str());
-    if (peer <= rank || peer >= size || sockets[peer].valid()) {
-      HVD_LOG(kWarning) << "dropped an unexpected connection (hello '" << tag << "')";
-      return false;
-    }
-    Install(peer, std::move(c.sock));
-    return false;
-  }
-
-  void DropExpired() {
-    const auto now = Clock::now();
-    auto expired = [&](const Incoming& c) {
-      if (now <= c.deadline) return false;
-      HVD_LOG(kWarning) << "dropped a connection from " << PeerAddress(c.sock)
-                        << " that did not finish the job-secret handshake in time";
-      return true;
+  // One round of the handshakes for a poll() whose fds end with the queue's (from
+  // index `first`); `listener_ready` if the listener was readable.
+  void TendHandshakes(const pollfd* first, bool listener_ready) {
+    const HandshakeQueue::Done done = [this](Socket s, const std::string& tag) {
+      Authenticated(std::move(s), tag);
     };
-    incoming.erase(std::remove_if(incoming.begin(), incoming.end(), expired), incoming.end());
+    handshakes->Advance(first, done);
+    if (listener_ready) handshakes->Accept(listener);
+    handshakes->Expire(done);
   }
 };
 
@@ -159,6 +147,13 @@ Status TcpTransport::Create(StoreClient* store, const std::string& prefix, int r
     int port = 0;
     HVD_RETURN_IF_ERROR(Listen(host, 0, &mesh->listener, &port));
     ::fcntl(mesh->listener.fd(), F_SETFL, ::fcntl(mesh->listener.fd(), F_GETFL, 0) | O_NONBLOCK);
+    // Honest peers all fit in the handshake queue at once; a flood of connections
+    // that never prove the secret pushes out its own oldest and cannot grow it.
+    HandshakeQueueOptions hs;
+    hs.max_pending = std::max<size_t>(kMinPendingHandshakes, 2 * static_cast<size_t>(size));
+    hs.timeout_s = std::min(options.connect_timeout_s, kHandshakeTimeout);
+    hs.who = "rank " + std::to_string(rank) + " (TCP mesh)";
+    mesh->handshakes = std::make_unique<HandshakeQueue>(secret, hs);
     HVD_RETURN_IF_ERROR(store->Set(prefix + "/addr/" + std::to_string(rank),
                                    host + ":" + std::to_string(port)));
     // A barrier along the control tree: init() returns once every rank is here.
@@ -237,15 +232,43 @@ Status TcpTransport::ConnectLower(const std::vector<int>& peers) {
                              " did not reach the rendezvous in time (HOROVOD_START_TIMEOUT=" +
                              std::to_string(timeout) + " s): " + st.message());
     }
-    size_t colon = addr.rfind(':');
-    Socket s;
-    st = Connect(addr.substr(0, colon), std::stoi(addr.substr(colon + 1)), timeout, &s,
-                 /*retry_refused=*/false);
-    if (!st.ok()) return Status::Aborted(PeerLost(g, st.message()));
-    HVD_RETURN_IF_ERROR(ClientHandshake(s.fd(), m.secret, std::to_string(m.rank), timeout));
-    HVD_RETURN_IF_ERROR(m.Install(g, std::move(s)));
+    const size_t colon = addr.rfind(':');
+    const std::string host = addr.substr(0, colon);
+    const int port = std::atoi(addr.c_str() + colon + 1);
+    // A connection dropped before the verdict (the peer's handshake queue was
+    // flooded and pushed it out) is tried again; a wrong secret fails at once.
+    const auto t0 = Clock::now();
+    while (true) {
+      Socket s;
+      st = Connect(host, port, std::max(timeout - Since(t0), 0.0), &s, /*retry_refused=*/false);
+      if (!st.ok()) return Status::Aborted(PeerLost(g, st.message()));
+      bool rejected = false;
+      st = ClientHandshake(s.fd(), m.secret, std::to_string(m.rank),
+                           std::max(timeout - Since(t0), 0.1), &rejected);
+      if (st.ok()) {
+        HVD_RETURN_IF_ERROR(m.Install(g, std::move(s)));
+        break;
+      }
+      if (rejected || m.aborted || Since(t0) >= timeout) return st;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   }
   return Status::Ok();
+}
+
+// Run() accepts and authenticates whoever connects; while the control plane goes
+// through shared memory a rank may not call it for a long time, so the control
+// operations call this instead: one poll that does not wait, at most every 10 ms.
+void TcpTransport::TendListener() {
+  Mesh& m = *mesh_;
+  const auto now = Clock::now();
+  if (now - m.last_tended < std::chrono::milliseconds(10) || m.aborted || !m.handshakes) return;
+  m.last_tended = now;
+  std::vector<pollfd> fds{pollfd{m.listener.fd(), POLLIN, 0}};
+  m.handshakes->AddPollFds(&fds);
+  if (::poll(fds.data(), fds.size(), 0) < 0) return;
+  // Errors on the listener (shut down by Abort()) surface in the next Run().
+  m.TendHandshakes(fds.data() + 1, (fds[0].revents & POLLIN) != 0);
 }
 
 // Drives all transfers concurrently with poll(). The per-peer queues keep the
@@ -253,29 +276,6 @@ Status TcpTransport::ConnectLower(const std::vector<int>& peers) {
 // chunk as soon as it lands) run on this thread while other chunks are in flight.
 // Peers without a socket yet: lower ranks are connected first; higher ones
 // connect to us, and are accepted and authenticated inside the loop.
-// Run() accepts and authenticates whoever connects; while the control plane goes
-// through shared memory a rank may not call it for a long time, so the control
-// operations call this instead: one poll that does not wait, at most every 10 ms.
-void TcpTransport::TendListener() {
-  Mesh& m = *mesh_;
-  const auto now = Clock::now();
-  if (now - m.last_tended < std::chrono::milliseconds(10) || m.aborted) return;
-  m.last_tended = now;
-  m.DropExpired();
-  std::vector<pollfd> fds;
-  for (const auto& c : m.incoming) fds.push_back(pollfd{c.sock.fd(), POLLIN, 0});
-  if (m.listener.valid()) fds.push_back(pollfd{m.listener.fd(), POLLIN, 0});
-  if (fds.empty() || ::poll(fds.data(), fds.size(), 0) <= 0) return;
-  std::vector<size_t> finished;
-  for (size_t k = 0; k < m.incoming.size() && k < fds.size(); ++k) {
-    if (fds[k].revents != 0 && !m.Advance(k)) finished.push_back(k);
-  }
-  std::sort(finished.rbegin(), finished.rend());
-  for (size_t k : finished) m.incoming.erase(m.incoming.begin() + static_cast<long>(k));
-  // Errors on the listener (shut down by Abort()) surface in the next Run().
-  if (m.listener.valid() && (fds.back().revents & POLLIN)) m.AcceptWaiting();
-}
-
 Status TcpTransport::Run(std::vector<Xfer>& xs) {
   Mesh& m = *mesh_;
   std::vector<std::deque<Xfer*>> sendq(size_), recvq(size_);
@@ -298,7 +298,8 @@ Status TcpTransport::Run(std::vector<Xfer>& xs) {
   const auto start = Clock::now();
   auto last_progress = start;
   std::vector<pollfd> fds;
-  std::vector<int> who;  // >= 0: a peer; -1: the listener; <= -2: incoming[-2 - who]
+  std::vector<int> who;  // the peer of fds[i], for i < who.size(); then the listener
+                         // and the handshakes under way
   while (pending > 0) {
     if (m.aborted) return Mesh::AbortedStatus();
     fds.clear();
@@ -312,22 +313,25 @@ Status TcpTransport::Run(std::vector<Xfer>& xs) {
       fds.push_back(pollfd{Fd(p), static_cast<short>(ev | POLLRDHUP), 0});
       who.push_back(p);
     }
-    if (m.listener.valid()) {
+    const size_t listener_at = fds.size();
+    if (m.handshakes) {
       fds.push_back(pollfd{m.listener.fd(), POLLIN, 0});
-      who.push_back(-1);
-    }
-    for (size_t i = 0; i < m.incoming.size(); ++i) {
-      fds.push_back(pollfd{m.incoming[i].sock.fd(), POLLIN, 0});
-      who.push_back(-2 - static_cast<int>(i));
+      m.handshakes->AddPollFds(&fds);
     }
     int rc = ::poll(fds.data(), fds.size(), 200);
     if (rc < 0) {
       if (errno == EINTR) continue;
       return Status::Aborted(std::string("poll failed: ") + std::strerror(errno));
     }
+    // Handshakes every round, before anything else can change the queue that was
+    // polled; they expire on their deadlines even when nothing is readable.
+    if (m.handshakes) {
+      const short re = fds[listener_at].revents;
+      if (re & (POLLERR | POLLHUP | POLLNVAL)) return Mesh::AbortedStatus();  // shut down
+      m.TendHandshakes(&fds[listener_at + 1], (re & POLLIN) != 0);
+    }
     // Deadlines are checked every round: a stream of events on other sockets
     // (a client knocking on the listener) must not hide a peer that is stuck.
-    m.DropExpired();
     for (int p = 0; p < size_; ++p) {
       if (Fd(p) < 0 && (!sendq[p].empty() || !recvq[p].empty()) &&
           Since(start) > m.connect_timeout_s) {
@@ -348,9 +352,8 @@ Status TcpTransport::Run(std::vector<Xfer>& xs) {
       }
     }
     if (rc == 0) continue;
-    for (size_t i = 0; i < fds.size(); ++i) {
-      if (who[i] >= 0 && (fds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) &&
-          m.first_hung_up < 0) {
+    for (size_t i = 0; i < who.size(); ++i) {
+      if ((fds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) && m.first_hung_up < 0) {
         m.first_hung_up = global_[who[i]];
       }
     }
@@ -379,20 +382,9 @@ Status TcpTransport::Run(std::vector<Xfer>& xs) {
       }
       return Status::Aborted(PeerLost(blamed, detail));
     };
-    std::vector<size_t> finished;  // incoming handshakes done this round
-    for (size_t i = 0; i < fds.size(); ++i) {
+    for (size_t i = 0; i < who.size(); ++i) {
       short re = fds[i].revents;
       if (re == 0) continue;
-      if (who[i] == -1) {
-        if (re & (POLLERR | POLLHUP | POLLNVAL)) return Mesh::AbortedStatus();  // shut down
-        m.AcceptWaiting();
-        continue;
-      }
-      if (who[i] <= -2) {
-        size_t k = static_cast<size_t>(-2 - who[i]);
-        if (!m.Advance(k)) finished.push_back(k);
-        continue;
-      }
       int p = who[i];
       if ((re & POLLRDHUP) && recvq[p].empty() && !sendq[p].empty()) {
         return lost(p, "closed by the other side");  // it will never read what we send
@@ -441,8 +433,6 @@ Status TcpTransport::Run(std::vector<Xfer>& xs) {
         return lost(p, "socket hung up");
       }
     }
-    std::sort(finished.rbegin(), finished.rend());
-    for (size_t k : finished) m.incoming.erase(m.incoming.begin() + static_cast<long>(k));
   }
   return Status::Ok();
 }

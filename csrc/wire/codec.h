@@ -1,7 +1,10 @@
 // Byte-level encoding used by every message on the wire: fixed-width integers and
 // doubles copied in host byte order (every supported host is little-endian),
-// strings and vectors length-prefixed (u32).
-// Reader never reads past the end: a short or corrupt buffer sets ok() to false.
+// booleans as one byte 0 or 1, strings and vectors length-prefixed (u32).
+// Reader never reads past the end, and never allocates more than what is left of
+// its buffer: a short or corrupt buffer (a length beyond the end, a boolean byte
+// other than 0 or 1) sets ok() to false. Every value has one encoding, so a
+// buffer a decoder accepts re-encodes to the same bytes (tests/cpp/fuzz_test.cc).
 #pragma once
 
 #include <cstdint>
@@ -14,6 +17,7 @@ namespace hvd {
 class Writer {
  public:
   void U8(uint8_t v) { out_.push_back(static_cast<char>(v)); }
+  void Bool(bool v) { U8(v ? 1 : 0); }
   void U32(uint32_t v) { Raw(&v, 4); }
   void I32(int32_t v) { Raw(&v, 4); }
   void I64(int64_t v) { Raw(&v, 8); }
@@ -47,6 +51,11 @@ class Reader {
     uint8_t v = 0;
     Raw(&v, 1);
     return v;
+  }
+  bool Bool() {
+    const uint8_t v = U8();
+    if (v > 1) ok_ = false;
+    return v == 1;
   }
   uint32_t U32() { return Get<uint32_t>(); }
   int32_t I32() { return Get<int32_t>(); }

@@ -54,7 +54,7 @@ void Put(Writer& w, const Response& r) {
   w.I64s(r.shape);
   w.I64s(r.rank_rows);
   w.I64(r.group_id);
-  w.U8(r.on_gpu ? 1 : 0);
+  w.Bool(r.on_gpu);
 }
 
 Response GetResponse(Reader& rd) {
@@ -70,7 +70,7 @@ Response GetResponse(Reader& rd) {
   r.shape = rd.I64s();
   r.rank_rows = rd.I64s();
   r.group_id = rd.I64();
-  r.on_gpu = rd.U8() != 0;
+  r.on_gpu = rd.Bool();
   return r;
 }
 
@@ -122,29 +122,31 @@ std::string Encode(const RequestList& list) {
   Writer w;
   w.U32(kRequestMagic);
   w.U32(list.cache_capacity);
-  w.U8(list.shutdown ? 1 : 0);
+  w.Bool(list.shutdown);
   w.U64s(list.ready_bits);
   w.U64s(list.invalid_bits);
   w.U32(static_cast<uint32_t>(list.requests.size()));
   for (const auto& r : list.requests) Put(w, r);
+  w.U32(static_cast<uint32_t>(list.waits.size()));
+  for (const auto& s : list.waits) w.Str(s);
   return std::move(w.str());
 }
 
 std::string Encode(const ResponseList& list) {
   Writer w;
   w.U32(kResponseMagic);
-  w.U8(list.shutdown ? 1 : 0);
+  w.Bool(list.shutdown);
   if (list.shutdown) w.I32(list.shutdown_rank);
   w.Str(list.fatal);
   w.U64s(list.ready_bits);
   w.U64s(list.invalid_bits);
   w.U32(static_cast<uint32_t>(list.responses.size()));
   for (const auto& r : list.responses) Put(w, r);
-  w.U8(list.has_params ? 1 : 0);
+  w.Bool(list.has_params);
   if (list.has_params) {
     w.I64(list.fusion_threshold_bytes);
     w.F64(list.wake_delay_us);
-    w.U8(list.cache_enabled ? 1 : 0);
+    w.Bool(list.cache_enabled);
   }
   return std::move(w.str());
 }
@@ -153,7 +155,7 @@ Status Decode(const std::string& bytes, RequestList* list) {
   Reader rd(bytes);
   if (rd.U32() != kRequestMagic) return Status::Aborted("bad request-list magic from a peer");
   list->cache_capacity = rd.U32();
-  list->shutdown = rd.U8() != 0;
+  list->shutdown = rd.Bool();
   list->ready_bits = rd.U64s();
   list->invalid_bits = rd.U64s();
   uint32_t n = rd.U32();
@@ -163,13 +165,16 @@ Status Decode(const std::string& bytes, RequestList* list) {
     const Request& r = list->requests.back();
     if (!ValidEnums(r.type, r.dtype, r.op)) return Status::Aborted("corrupt request from a peer");
   }
+  const uint32_t waits = rd.U32();
+  list->waits.clear();
+  for (uint32_t i = 0; i < waits && rd.ok(); ++i) list->waits.push_back(rd.Str());
   return Finish(rd, "request list");
 }
 
 Status Decode(const std::string& bytes, ResponseList* list) {
   Reader rd(bytes);
   if (rd.U32() != kResponseMagic) return Status::Aborted("bad response-list magic from a peer");
-  list->shutdown = rd.U8() != 0;
+  list->shutdown = rd.Bool();
   list->shutdown_rank = list->shutdown ? rd.I32() : -1;
   list->fatal = rd.Str();
   list->ready_bits = rd.U64s();
@@ -181,11 +186,11 @@ Status Decode(const std::string& bytes, ResponseList* list) {
     const Response& r = list->responses.back();
     if (!ValidEnums(r.type, r.dtype, r.op)) return Status::Aborted("corrupt response from a peer");
   }
-  list->has_params = rd.U8() != 0;
+  list->has_params = rd.Bool();
   if (list->has_params) {
     list->fusion_threshold_bytes = rd.I64();
     list->wake_delay_us = rd.F64();
-    list->cache_enabled = rd.U8() != 0;
+    list->cache_enabled = rd.Bool();
   }
   return Finish(rd, "response list");
 }

@@ -56,6 +56,9 @@ struct RequestList {
   std::vector<uint64_t> ready_bits;    // cache positions this rank has pending
   std::vector<uint64_t> invalid_bits;  // cache positions this rank found stale
   bool shutdown = false;
+  // The ops this rank's threads have waited for a while, "name\tfile:line" (the
+  // Python caller): only for the coordinator's stall report, empty otherwise.
+  std::vector<std::string> waits;
 };
 
 // One collective to run (or one error to report) for one tensor name.

@@ -90,6 +90,7 @@ RequestList SampleRequestList() {
   l.ready_bits = {0, ~0ull, 0x8000000000000001ull};
   l.invalid_bits = {42};
   l.shutdown = true;
+  l.waits = {"grad/layer1.weight\ttrain.py:42", ""};
   return l;
 }
 
@@ -165,6 +166,7 @@ TEST(Message, RequestListRoundTrip) {
   EXPECT_EQ(out.shutdown, in.shutdown);
   EXPECT_EQ(out.ready_bits, in.ready_bits);
   EXPECT_EQ(out.invalid_bits, in.invalid_bits);
+  EXPECT_EQ(out.waits, in.waits);
   ASSERT_EQ(out.requests.size(), in.requests.size());
   for (size_t i = 0; i < in.requests.size(); ++i) ExpectEq(in.requests[i], out.requests[i]);
   EXPECT_EQ(Encode(out), bytes);
@@ -309,17 +311,16 @@ TEST(Message, RandomCorruptionNeverCrashes) {
   EXPECT_GT(rejected, 0);
 }
 
-// Out-of-range enum bytes decode "successfully" today. Such a list (version skew,
-// corruption) later hits HVD_CHECK in DataTypeSize() (fusion/transport) and aborts
-// the process. Hardening suggestion, disabled: see the report.
-TEST(Message, DISABLED_DecodeRejectsOutOfRangeEnums) {
+// Out-of-range enum bytes (version skew, corruption) are refused: such a list would
+// otherwise hit HVD_CHECK in DataTypeSize() (fusion/transport) and abort the process.
+TEST(Message, DecodeRejectsOutOfRangeEnums) {
   ResponseList l;
   Response r;
   r.name = "x";
   l.responses.push_back(r);
   std::string good = Encode(l);
-  // magic 4, shutdown 1, ready 4, invalid 4, count 4, then type u8.
-  const size_t type_off = 17;
+  // magic 4, shutdown 1, fatal 4+0, ready 4, invalid 4, count 4, then type u8.
+  const size_t type_off = 21;
   const size_t dtype_off = type_off + 1 + 4 + 1 + 4 + 0;  // type, name(len+1), error(len+0)
   std::string bad_type = good, bad_dtype = good;
   bad_type[type_off] = static_cast<char>(200);

@@ -39,12 +39,17 @@ double Load(DataType dt, const void* p, size_t i) {
   return 0;
 }
 
+// Integer sums over more than 4 ranks may leave the type's range: they wrap, as the
+// engine's integer arithmetic does. Through int64 (exact here), since converting an
+// out-of-range double straight to a narrow type is undefined (UBSan:
+// float-cast-overflow).
 void Store(DataType dt, void* p, size_t i, double v) {
+  auto w = [v] { return static_cast<int64_t>(v); };
   switch (dt) {
-    case DataType::kUInt8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
-    case DataType::kInt8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v); break;
-    case DataType::kInt16: static_cast<int16_t*>(p)[i] = static_cast<int16_t>(v); break;
-    case DataType::kInt32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
+    case DataType::kUInt8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(w()); break;
+    case DataType::kInt8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(w()); break;
+    case DataType::kInt16: static_cast<int16_t*>(p)[i] = static_cast<int16_t>(w()); break;
+    case DataType::kInt32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(w()); break;
     case DataType::kInt64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
     case DataType::kFloat16: static_cast<uint16_t*>(p)[i] = FloatToHalf(static_cast<float>(v)); break;
     case DataType::kBFloat16:

@@ -79,6 +79,22 @@ hvd::Status MakeWorld(int n, const std::function<hvd::TcpOptions(int)>& options,
   return hvd::Status::Ok();
 }
 
+hvd::Status AllreduceUntil(World& w, int r, const std::atomic<bool>& stop, int* rounds) {
+  const int n = w.size();
+  while (true) {
+    float x[2] = {1.0f, r == 0 && stop ? 1.0f : 0.0f};
+    hvd::Status st =
+        w.transports[r]->Allreduce(x, 2, hvd::DataType::kFloat32, hvd::ReduceOp::kSum);
+    if (!st.ok()) return st;
+    if (x[0] != static_cast<float>(n)) {
+      return hvd::Status::Aborted("allreduce gave " + std::to_string(x[0]) + ", not " +
+                                  std::to_string(n));
+    }
+    if (rounds != nullptr) ++*rounds;
+    if (x[1] != 0) return hvd::Status::Ok();
+  }
+}
+
 std::unique_ptr<hvd::StoreClient> ConnectClient(const hvd::StoreServer& server,
                                                 const std::string& secret, double timeout_s) {
   std::unique_ptr<hvd::StoreClient> c;

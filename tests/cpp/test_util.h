@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -61,6 +62,31 @@ hvd::Status MakeWorld(int n, const hvd::TcpOptions& options, World* world,
 // The same with options per rank.
 hvd::Status MakeWorld(int n, const std::function<hvd::TcpOptions(int)>& options, World* world,
                       const std::string& prefix = "job");
+
+// Captures stderr (gtest's CaptureStderr) until Take(), or until it goes out of
+// scope, so that a failed ASSERT does not leave the capture on for later tests.
+class StderrCapture {
+ public:
+  StderrCapture() { ::testing::internal::CaptureStderr(); }
+  ~StderrCapture() {
+    if (active_) ::testing::internal::GetCapturedStderr();
+  }
+  StderrCapture(const StderrCapture&) = delete;
+  StderrCapture& operator=(const StderrCapture&) = delete;
+  std::string Take() {
+    active_ = false;
+    return ::testing::internal::GetCapturedStderr();
+  }
+
+ private:
+  bool active_ = true;
+};
+
+// Rank r of `w` runs small allreduces (whose sums it checks) until rank 0 has seen
+// `stop` (all ranks then leave after the same round) or one fails; returns that
+// failure, or Ok. Keeps every rank inside Run(), where it accepts and authenticates
+// connections. *rounds (if given) counts them.
+hvd::Status AllreduceUntil(World& w, int r, const std::atomic<bool>& stop, int* rounds = nullptr);
 
 // Connects a StoreClient to `server`, failing the test on error.
 std::unique_ptr<hvd::StoreClient> ConnectClient(const hvd::StoreServer& server,
