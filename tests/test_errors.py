@@ -1,5 +1,6 @@
 """Bad input, disagreeing ranks, dead peers and re-initialisation."""
 import os
+import re
 import subprocess
 import sys
 
@@ -99,6 +100,12 @@ def test_stalled_collective_is_reported_and_fails_the_job():
     # ... and the waiting rank says where it waits, in the user's code.
     assert "waited 1 s for 'skipped_by_1' at " in results[0].output, results[0].output
     assert "workers.py:" in results[0].output.split("for 'skipped_by_1' at ")[1].split()[0]
+    # The coordinator's one message also says where each waiting rank waits: rank 0
+    # in the stalled op; rank 1 sleeps, so it waits nowhere.
+    report = results[0].output[results[0].output.index("stalled collectives"):]
+    assert re.search(r"where the ranks wait \(the Python caller\):\n.*rank 0 waits for "
+                     r"'skipped_by_1' at \S*workers\.py:\d+", report), report
+    assert "rank 1 waits" not in report.split("stopping the job")[0], report
 
 
 def test_a_stall_ends_the_job_by_default():

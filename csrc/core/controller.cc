@@ -73,6 +73,7 @@ Status Controller::Cycle(std::vector<Request> fresh, bool want_shutdown,
   mine.requests.swap(uncached_);
   mine.shutdown = want_shutdown;
   mine.cache_capacity = static_cast<uint32_t>(cache_.capacity());
+  mine.waits = waits_;
 
   std::vector<std::string> gathered;
   HVD_RETURN_IF_ERROR(control_->Gather(Encode(mine), &gathered));
@@ -399,9 +400,21 @@ void Controller::InspectStalls(const std::vector<RequestList>& lists, ResponseLi
   }
   if (report.empty()) return;
   last_stall_log_ = now;
+  // Where each rank is waiting, from the waits the ranks sent with their lists; a
+  // missing rank that waits for nothing is busy outside horovod_torch.
+  std::string where;
+  for (int r = 0; r < size; ++r) {
+    for (const std::string& w : lists[r].waits) {
+      const size_t tab = w.find('\t');
+      if (tab == std::string::npos) continue;
+      where += "\n  rank " + std::to_string(r) + " waits for '" + w.substr(0, tab) + "' at " +
+               w.substr(tab + 1);
+    }
+  }
+  if (!where.empty()) where = "\nwhere the ranks wait (the Python caller):" + where;
   std::string message =
       "stalled collectives: some ranks submitted these and others have not (a rank skipped "
-      "a collective, submitted a different name, or is stuck):" + report;
+      "a collective, submitted a different name, or is stuck):" + report + where;
   HVD_LOG(kWarning) << message;
   if (fatal) {
     out->fatal = message + "\nstopping the job (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=" +

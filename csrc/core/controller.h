@@ -56,6 +56,9 @@ class Controller {
   // The coordinator writes negotiation spans to `timeline` (borrowed; may be
   // null or inactive).
   void SetTimeline(Timeline* timeline) { timeline_ = timeline; }
+  // Where this rank's threads have waited a while ("name\tfile:line"): sent with the
+  // next full cycle, for the coordinator's stall report.
+  void SetWaits(std::vector<std::string> waits) { waits_ = std::move(waits); }
   // The setting every rank uses now; changes only through a ResponseList.
   const TunedParams& params() const { return params_; }
   void SetInitialParams(const TunedParams& p) { params_ = p; }
@@ -117,6 +120,7 @@ class Controller {
   void FailRestOfFailedGroups(const std::map<int64_t, std::string>& failed,
                               ResponseList* out);
   void InspectStalls(const std::vector<RequestList>& lists, ResponseList* out);
+  std::vector<std::string> waits_;
   StallOptions stall_;
   int shutdown_rank_ = -1;
   std::map<int, std::chrono::steady_clock::time_point> partial_bits_;

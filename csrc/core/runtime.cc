@@ -416,6 +416,7 @@ void Runtime::Loop() {
   while (true) {
     std::map<int32_t, std::vector<Request>> fresh;
     std::vector<TimelineCommand> timeline_commands;
+    std::vector<std::string> waits;
     bool want_shutdown;
     const double wake_delay_us = controller_->params().wake_delay_us;
     const auto spin = std::chrono::microseconds(static_cast<int64_t>(spin_us()));
@@ -442,6 +443,8 @@ void Runtime::Loop() {
       has_fresh_.store(false, std::memory_order_release);
       want_shutdown = shutdown_requested_;
       timeline_commands.swap(timeline_commands_);
+      waits.clear();
+      for (const auto& kv : waits_) waits.push_back(kv.first + "\t" + kv.second);
     }
     if (!timeline_commands.empty()) ApplyTimelineCommands(std::move(timeline_commands));
     // One cycle per process set this rank is in, in id order (the same order on
@@ -456,6 +459,7 @@ void Runtime::Loop() {
       id = it->first + 1;
       ProcessSetState& ps = *it->second;
       std::vector<Response> responses;
+      ps.controller->SetWaits(waits);
       st = ps.controller->Cycle(std::move(fresh[ps.id]), want_shutdown && ps.id == 0,
                                 &responses, &shutdown);
       if (!responses.empty() && ps.id == 0) timeline_.MarkCycle();

@@ -58,6 +58,16 @@ class Runtime {
     if (config_.spin_us >= 0) return config_.spin_us;
     return gpu_seen_.load(std::memory_order_relaxed) ? 100.0 : 0.0;
   }
+  // A thread has waited a while for op `name` in the Python caller `site`
+  // ("file:line"), until EndWait(): the coordinator's stall report says so.
+  void NoteWait(const std::string& name, const std::string& site) {
+    std::lock_guard<std::mutex> lock(mu_);
+    waits_[name] = site;
+  }
+  void EndWait(const std::string& name) {
+    std::lock_guard<std::mutex> lock(mu_);
+    waits_.erase(name);
+  }
   ~Runtime();
 
   const WorldInfo& world() const { return world_; }
@@ -144,6 +154,7 @@ class Runtime {
   // Names of ops whose handles are held; shared with the handles, which release them.
   const std::shared_ptr<NameReservations> names_ = std::make_shared<NameReservations>();
   std::unordered_map<std::string, Entry> pending_;   // GUARDED_BY(mu_)
+  std::map<std::string, std::string> waits_;         // GUARDED_BY(mu_) name -> caller
   bool shutdown_requested_ = false;                  // GUARDED_BY(mu_)
   bool joined_ = false;  // GUARDED_BY(mu_): hvd.join() pending; zeros stand in for ops
   bool stopped_ = false;                             // GUARDED_BY(mu_)

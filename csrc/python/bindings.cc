@@ -326,13 +326,28 @@ std::string PythonCaller() {
   return "(unknown)";
 }
 
+// Tells the runtime that a thread waits for op `name` in the Python caller `site`
+// (the coordinator's stall report names it), or with an empty site that it no
+// longer does. Called without the GIL.
+void NoteWait(const std::string& name, const std::string& site) {
+  std::lock_guard<std::mutex> lock(G().mu);
+  if (!G().runtime) return;
+  if (site.empty()) {
+    G().runtime->EndWait(name);
+  } else {
+    G().runtime->NoteWait(name, site);
+  }
+}
+
 // Waits for `h` with the GIL released (called with it held). Every 100 ms it looks
 // at Python's signals, so that Ctrl-C, or a test runner's timeout, interrupts a
 // collective that never completes as it interrupts any other call: it then throws
 // py::error_already_set (the op goes on; its name is freed once it completes).
-// A wait longer than the stall check time logs, once, where this rank waits: the
-// Python file and line of the caller (read only then, so it costs nothing before),
-// beside the coordinator's report of which ranks are missing which tensors.
+// A wait longer than half a second (or half the stall check time) reads the Python
+// file and line of the caller (only then, so a short wait costs nothing) and hands
+// it to the runtime, which sends it with its next full cycle: the coordinator's
+// stall report then says, in one message, where each rank waits. A wait longer than
+// the stall check time also logs it on this rank, once.
 void WaitInterruptibly(HandleState& h, double spin_us) {
   constexpr std::chrono::milliseconds kSignalCheck(100);
   bool done = h.done();
@@ -342,18 +357,36 @@ void WaitInterruptibly(HandleState& h, double spin_us) {
   }
   const auto start = std::chrono::steady_clock::now();
   bool told = false;
+  std::string noted;        // the Python caller, read after half a second
+  bool registered = false;  // ... and handed to the runtime for the stall report
   while (!done) {
-    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    if (PyErr_CheckSignals() != 0) {
+      if (registered) {
+        py::gil_scoped_release nogil;
+        NoteWait(h.name(), "");
+      }
+      throw py::error_already_set();
+    }
     const double waited =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (!told && waited >= G().stall_warn_s.load()) {
+    const double warn_s = G().stall_warn_s.load();
+    if (noted.empty() && waited >= std::min(0.5, warn_s / 2)) noted = PythonCaller();
+    if (!told && waited >= warn_s) {
       told = true;
       HVD_LOG(kWarning) << "this rank has waited " << static_cast<int>(waited) << " s for '"
-                        << h.name() << "' at " << PythonCaller()
+                        << h.name() << "' at " << noted
                         << " (see the coordinator's stall report for the missing ranks)";
     }
     py::gil_scoped_release nogil;
+    if (!noted.empty() && !registered) {
+      NoteWait(h.name(), noted);
+      registered = true;
+    }
     done = h.Wait(0, kSignalCheck);
+  }
+  if (registered) {
+    py::gil_scoped_release nogil;
+    NoteWait(h.name(), "");
   }
   h.ReleaseName();
 }
