@@ -12,7 +12,7 @@ What happens (default, fault mode):
          OCI__SYNC_DIR=SYNC horovodrun --verbose -np 2 --min-np 1 --max-np 2 \\
              --blacklist-cooldown-range 5 10 \\
              --host-discovery-script examples/elastic/discover_hosts.sh \\
-             python examples/elastic/train.py --data-dir DIR --epochs 4
+             python examples/elastic/train.py --data-dir DIR --epochs 10
      (horovodrun is started as `python -m horovod_torch.runner`, the same program,
      with this checkout on PYTHONPATH, so the demo also runs before `pip install`).
      Its output goes to our stdout and stderr as it is.
@@ -275,7 +275,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                     "mid-training, and summarise how the job recovered.",
         epilog="Arguments after -- go to train.py (e.g. -- --log-interval 5 --batch-size 32).")
     p.add_argument("--no-fault", action="store_true", help="just train: kill nothing")
-    p.add_argument("--epochs", type=int, default=4, help="train.py --epochs (default 4)")
+    p.add_argument("--epochs", type=int, default=10,
+                   help="train.py --epochs (default 10: the survivor trains on alone "
+                        "while the new worker starts, so training must outlast the "
+                        "cooldown and that start)")
     p.add_argument("--data-dir", default="data",
                    help="MNIST data; written there if missing (default: data)")
     p.add_argument("--sync-dir", default="/tmp/horovod_torch_demo",
