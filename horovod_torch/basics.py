@@ -24,7 +24,8 @@ Product = 5
 _OK, _INVALID, _MISMATCH, _ABORTED = 0, 1, 2, 3
 
 _lock = threading.Lock()
-_init_count = 0
+_init_counts: dict = {}  # rendezvous prefix -> static inits this process started under it
+_restart_barred: Optional[str] = None  # why init() may not start a new engine now
 _atexit_registered = False
 
 
@@ -309,7 +310,7 @@ def init(comm=None, process_sets=None) -> None:
     Without a launcher the process runs as a world of one. Calling init() again
     after shutdown() starts a fresh engine.
     """
-    global _init_count, _atexit_registered
+    global _atexit_registered
     use_mpi = _use_mpi(comm)
     if process_sets == "dynamic":  # Horovod's spelling for HOROVOD_DYNAMIC_PROCESS_SETS=1
         os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"
@@ -320,6 +321,8 @@ def init(comm=None, process_sets=None) -> None:
     with _lock:
         if _C.running():
             return  # a stopped engine (an error ended it) is replaced by a fresh one
+        if _restart_barred is not None:
+            raise HorovodInternalError(_restart_barred)
         from horovod_torch.elastic import worker as elastic_worker
         if use_mpi:
             ranks, handle = _mpi_comm_arg(comm)
@@ -329,9 +332,10 @@ def init(comm=None, process_sets=None) -> None:
             world, prefix = elastic_worker.next_assignment(timeout)
         else:
             world = _detect_world()
-            prefix = os.environ.get("HOROVOD_RENDEZVOUS_PREFIX", "job") + f"/init{_init_count}"
+            base = os.environ.get("HOROVOD_RENDEZVOUS_PREFIX", "job")
+            prefix = f"{base}/init{_init_counts.get(base, 0)}"
+            _init_counts[base] = _init_counts.get(base, 0) + 1
         if not use_mpi:
-            _init_count += 1
             code, message = _C.init(world["rank"], world["size"], world["local_rank"],
                                     world["local_size"], world["cross_rank"],
                                     world["cross_size"], world["store_host"],
@@ -362,7 +366,18 @@ def init(comm=None, process_sets=None) -> None:
 
 def shutdown() -> None:
     """Stops the engine; pending ops fail. Safe to call more than once."""
+    global _restart_barred
+    _restart_barred = None  # the caller's own shutdown: its next init() starts afresh
     _C.shutdown()
+
+
+def _bar_restart(reason: Optional[str]) -> None:
+    """For a host that runs calls on a long-lived engine (the Ray worker): while
+    ``reason`` is set, init() on a stopped engine raises HorovodInternalError(reason)
+    instead of starting a rendezvous that the job's other workers will not join.
+    shutdown() lifts the bar; so does ``_bar_restart(None)``."""
+    global _restart_barred
+    _restart_barred = reason
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:

@@ -38,10 +38,17 @@ def log_rank(counter):
     ray_logger.log({"rank": counter.rank})
 
 
-def fail_on_rank(bad_rank):
+def fail_on_rank(bad_rank, others_wait_s=0.0):
+    """Raises on ``bad_rank``; the others wait ``others_wait_s`` (so that the bad
+    rank has shut its engine down by then), call hvd.init() and allreduce."""
+    import os
+    import time
+
     import torch
 
     import horovod.torch as hvd
+    if int(os.environ["HOROVOD_RANK"]) != bad_rank:
+        time.sleep(others_wait_s)
     hvd.init()
     if hvd.rank() == bad_rank:
         raise ValueError(f"rank {bad_rank} refuses")

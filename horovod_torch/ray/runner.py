@@ -125,6 +125,7 @@ class RayExecutor:
         self._pg = None
         self._own_pg = False
         self._store: Optional[_common.Store] = None
+        self._calls = 0  # calls made on every worker: each one's store namespace
 
     # -- starting ----------------------------------------------------------------------
 
@@ -258,7 +259,8 @@ class RayExecutor:
                                       "the workers come and go")
         self._check_started()
         args, kwargs = list(args or []), dict(kwargs or {})
-        return [w.execute.remote(lambda _: fn(*args, **kwargs)) for w in self.workers]
+        call_id = self._next_call_id()
+        return [w.execute.remote(lambda _: fn(*args, **kwargs), call_id) for w in self.workers]
 
     def execute(self, fn: Callable[[Any], Any],
                 callbacks: Optional[List[Callable]] = None) -> List[Any]:
@@ -270,8 +272,13 @@ class RayExecutor:
         with _common.Callbacks(callbacks) as cbs:
             if cbs.queue is not None:
                 ray.get([w.set_queue.remote(cbs.queue) for w in self.workers])
-            return _common.gather([w.execute.remote(fn) for w in self.workers],
+            call_id = self._next_call_id()
+            return _common.gather([w.execute.remote(fn, call_id) for w in self.workers],
                                   self._grace_s())
+
+    def _next_call_id(self) -> int:
+        self._calls += 1
+        return self._calls
 
     def execute_single(self, fn: Callable[[Any], Any]) -> Any:
         """``fn(executable)`` on the rank 0 worker only; its value."""

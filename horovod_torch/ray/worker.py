@@ -106,11 +106,30 @@ class BaseHorovodWorker:
             _shutdown_horovod_quietly()
             raise
 
-    def execute(self, func: Callable[[Any], Any]) -> Any:
+    def execute(self, func: Callable[[Any], Any], call_id: Optional[int] = None) -> Any:
         """``func(executable)`` in this actor. If it raises, the horovod engine of
         this actor is shut down (peers in a collective with it fail instead of
-        hanging) and the exception goes to the caller."""
-        return self._call(func, self.executable)
+        hanging) and the exception goes to the caller.
+
+        ``call_id`` (the executor's count of calls) names the store namespace of an
+        engine started during the call, so that workers which disagreed in one call
+        cannot disagree in the next. An engine that runs when the call starts and is
+        stopped by a peer during it is not restarted by ``hvd.init()`` in that call:
+        init() raises instead of waiting for workers that will not come."""
+        if call_id is not None:
+            os.environ["HOROVOD_RENDEZVOUS_PREFIX"] = f"ray/call{int(call_id)}"
+        basics = sys.modules.get("horovod_torch.basics")
+        held = basics is not None and basics.is_initialized()
+        if held:
+            basics._bar_restart(  # pylint: disable=protected-access
+                "this worker's horovod engine was stopped during the call (a peer failed "
+                "or shut down); hvd.init() does not start a new job within the same call, "
+                "because the other workers would not join it. The next call starts one.")
+        try:
+            return self._call(func, self.executable)
+        finally:
+            if held:
+                basics._bar_restart(None)  # pylint: disable=protected-access
 
     def run_elastic(self, func: Callable[[Any], Any]) -> Any:
         """For ElasticRayExecutor: ``func(executable)``; returns ``(rank, value)`` with
