@@ -88,6 +88,9 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
 
     As in Horovod, an optimizer without state leaves every parameter that needs a
     gradient with a zero one where it had none."""
+    if hasattr(optimizer, "_broadcast_state"):  # sharded (shard_optimizer_state)
+        optimizer._broadcast_state(root_rank)
+        return
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
     if not optimizer.state:

@@ -264,6 +264,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                               "optimizer.synchronize() in your code.")
             self.synchronize()
         self._synchronized = False
+        return self._local_step(closure)
+
+    def _local_step(self, closure=None):
+        """The wrapped optimizer's step, on gradients already reduced."""
         return super(self.__class__, self).step(closure)
 
     def load_state_dict(self, state_dict) -> None:
@@ -349,11 +353,20 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          compression=Compression.none, backward_passes_per_step: int = 1,
                          op: int = Average, gradient_predivide_factor: float = 1.0,
                          num_groups: int = 0, groups=None, sparse_as_dense: bool = False,
-                         process_set=global_process_set):
+                         process_set=global_process_set, shard_optimizer_state=False):
     """Returns `optimizer` made distributed: an instance of a subclass of its class
-    whose step() first averages (op=Average) or sums gradients across ranks."""
+    whose step() first averages (op=Average) or sums gradients across ranks.
+
+    ``shard_optimizer_state=True`` (or 1) keeps each parameter's optimizer state on
+    one rank only (about 1/N of it per rank, see horovod_torch/sharded.py); ``2``
+    also drops, after the reduction, the gradients of parameters another rank owns.
+    """
     if op not in (Average, Sum, Adasum):
         raise ValueError("DistributedOptimizer supports op=hvd.Average, hvd.Sum or hvd.Adasum")
+    stage = _shard_stage(shard_optimizer_state)
+    if stage and op == Adasum:
+        raise ValueError("shard_optimizer_state cannot be combined with op=hvd.Adasum (each "
+                         "rank steps the whole model there)")
     if op == Adasum:
         from horovod_torch.adasum import check_size
         check_size()
@@ -372,10 +385,30 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                    backward_passes_per_step)
         dist.state = optimizer.state
         return dist
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
-               dict(_DistributedOptimizer.__dict__))
+    methods = dict(_DistributedOptimizer.__dict__)
+    if stage:
+        from horovod_torch.sharded import ShardedStateMixin
+        methods.update({k: v for k, v in ShardedStateMixin.__dict__.items()
+                        if not k.startswith("__")})
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
     dist = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
                op, gradient_predivide_factor, groups if groups is not None else (num_groups or None),
                sparse_as_dense, process_set)
     dist.state = optimizer.state
+    if stage:
+        dist._shard_init(stage)
+        shard = dist._shard()
+        if shard is not None and dist.state:  # state the optimizer had: keep this rank's part
+            index = {p: i for i, p in enumerate(shard.params)}
+            for p in [p for p in dist.state if not shard.owns(index.get(p, -1))]:
+                del dist.state[p]
     return dist
+
+
+def _shard_stage(value) -> int:
+    """shard_optimizer_state as a stage number: 0 (off), 1 (state) or 2 (and gradients)."""
+    if value is True:
+        return 1
+    if value is False or value is None or (type(value) is int and value in (0, 1, 2)):
+        return int(value or 0)
+    raise ValueError(f"shard_optimizer_state must be False, True (1) or 2; got {value!r}")

@@ -1,0 +1,317 @@
+"""Sharded optimizer state: ``DistributedOptimizer(..., shard_optimizer_state=True)``.
+
+Each rank of the process set owns about 1/N of the parameters, balanced by size
+(``partition``), and keeps optimizer state only for those. The gradients are averaged
+as in the unsharded optimizer (the same hooks, fusion, compression and
+backward_passes_per_step), every rank steps the user's own optimizer on the
+parameters it owns (the others' gradients are hidden from it, so it creates no state
+for them), and one grouped allgather then brings every rank the updated parameters
+of the others. Stage 2 (``shard_optimizer_state=2``) also drops the gradients of
+parameters a rank does not own once they are reduced.
+
+The math is the unsharded optimizer's, parameter by parameter: any per-parameter
+torch.optim optimizer gives the same parameters as unsharded training (bitwise:
+same reductions, same update code). ``ShardedStateMixin`` holds the methods that
+replace or extend ``_DistributedOptimizer``'s; the elastic handler that keeps a
+replica of each shard is ``ShardedOptimizerStateHandler`` in elastic/state.py.
+"""
+import copy
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from horovod_torch import basics
+from horovod_torch.ops import _ps_id, _set_rank, _set_size, grouped_allgather_async, synchronize
+
+
+def partition(sizes: List[int], n: int) -> List[int]:
+    """The owner rank of each parameter: largest first, each to the least loaded
+    rank (the lowest on ties). Deterministic, so every rank computes the same."""
+    load = [0] * n
+    owner = [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        r = min(range(n), key=lambda r: (load[r], r))
+        owner[i] = r
+        load[r] += sizes[i]
+    return owner
+
+
+class Shard:
+    """Who owns what among ``params`` (the optimizer's parameters in state_dict
+    order) on a process set of ``size`` ranks, seen from ``rank``."""
+
+    def __init__(self, params: List[torch.Tensor], size: int, rank: int):
+        self.params, self.size, self.rank = params, size, rank
+        self.owner = partition([p.numel() if p.requires_grad else 0 for p in params], size)
+        self.owned = [i for i, o in enumerate(self.owner) if o == rank]
+        self._owned_set = set(self.owned)
+
+    def owns(self, index: int) -> bool:
+        return index in self._owned_set
+
+    def gather_parameters(self, process_set) -> None:
+        """Every rank's owned parameters to every rank: one grouped allgather, one
+        flat buffer per dtype (in index order), copied back into the parameters."""
+        if self.size == 1:
+            return
+        dtypes = sorted({p.dtype for p in self.params}, key=str)
+        device = self.params[0].device
+        flats = []
+        with torch.no_grad():
+            for dt in dtypes:
+                mine = [self.params[i].detach().reshape(-1) for i in self.owned
+                        if self.params[i].dtype == dt]
+                flats.append(torch.cat(mine) if mine else torch.empty(0, dtype=dt, device=device))
+            outs = synchronize(grouped_allgather_async(flats, name="sharded.parameters",
+                                                       process_set=process_set))
+            dst, src = [], []
+            for dt, out in zip(dtypes, outs):
+                offset = 0
+                for r in range(self.size):
+                    for i, p in enumerate(self.params):
+                        if self.owner[i] != r or p.dtype != dt:
+                            continue
+                        n = p.numel()
+                        if r != self.rank:
+                            dst.append(p.data.view(-1))
+                            src.append(out[offset:offset + n])
+                        offset += n
+            if dst:
+                torch._foreach_copy_(dst, src)
+
+
+def _to_cpu(value: Any) -> Any:
+    """A copy of nested optimizer state with every tensor on the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    return copy.deepcopy(value)
+
+
+_NOT_CONSOLIDATED = (
+    "this optimizer shards its state over the ranks (shard_optimizer_state), so no "
+    "rank holds all of it: call optimizer.consolidate_state_dict(root_rank) on every "
+    "rank first, then state_dict() on the root (a dict an unsharded optimizer loads), "
+    "or save each rank's part with sharded_state_dict()")
+
+
+class ShardedStateMixin:
+    """Methods of a sharded DistributedOptimizer (see DistributedOptimizer): copied
+    over _DistributedOptimizer's in the class made for the user's optimizer, so
+    ``super(self.__class__, self)`` is the user's optimizer class."""
+
+    def _shard_init(self, stage: int) -> None:
+        self._stage = stage
+        self._shard_cache: Optional[Shard] = None
+        self._consolidated: Optional[Dict[str, Any]] = None
+        self._consolidated_root: Optional[int] = None
+        self._loaded_full: Optional[Dict[str, Any]] = None
+        params = self._all_params()
+        devices = {p.device for p in params}
+        if len(devices) > 1:
+            raise ValueError("shard_optimizer_state needs every parameter on one device; "
+                             f"this optimizer's are on {sorted(map(str, devices))}")
+        bad = [self._parameter_names.get(p, str(i)) for i, p in enumerate(params)
+               if not p.is_contiguous()]
+        if bad:
+            raise ValueError(f"shard_optimizer_state needs contiguous parameters; {bad[:3]} "
+                             "are not")
+
+    def _all_params(self) -> List[torch.Tensor]:
+        return [p for g in self.param_groups for p in g["params"]]
+
+    def _shard(self) -> Optional[Shard]:
+        """The current partition (recomputed when the process set's size or this
+        rank's place changed, as after an elastic reset); None outside the set."""
+        if not self._included:
+            return None
+        psid = _ps_id(self._process_set)
+        size, rank = _set_size(psid), _set_rank(psid)
+        s = self._shard_cache
+        if s is None or s.size != size or s.rank != rank:
+            s = self._shard_cache = Shard(self._all_params(), size, rank)
+        return s
+
+    # -- stepping ------------------------------------------------------------
+
+    def synchronize(self) -> None:
+        """Waits for every gradient's reduction and writes the results into .grad
+        (stage 2: then drops the gradients of parameters other ranks own)."""
+        from horovod_torch.optimizer import _DistributedOptimizer
+        _DistributedOptimizer.synchronize(self)
+        shard = self._shard()
+        if self._stage >= 2 and shard is not None:
+            for i, p in enumerate(shard.params):
+                if not shard.owns(i):
+                    p.grad = None
+
+    def _local_step(self, closure=None):
+        if closure is not None:
+            raise ValueError("step(closure) is not supported with shard_optimizer_state: "
+                             "compute the loss and call backward() before step()")
+        shard = self._shard()
+        if shard is None:  # outside the process set: trains on its own, unsharded
+            return super(self.__class__, self).step()
+        hidden = {}
+        for i, p in enumerate(shard.params):
+            if not shard.owns(i) and p.grad is not None:
+                hidden[p] = p.grad
+                p.grad = None
+        try:
+            loss = super(self.__class__, self).step()
+        finally:
+            for p, g in hidden.items():
+                p.grad = g
+        shard.gather_parameters(self._process_set)
+        self._consolidated = None
+        self._loaded_full = None
+        return loss
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """torch.nn.utils.clip_grad_norm_ over all of the optimizer's parameters; with
+        stage 2 (where each rank holds only its own gradients after synchronize())
+        the norm is combined across ranks. Returns the total norm."""
+        shard = self._shard()
+        if self._stage < 2 or shard is None or shard.size == 1:
+            return torch.nn.utils.clip_grad_norm_(self._all_params(), max_norm, norm_type)
+        from horovod_torch.ops import allreduce
+        grads = [p.grad for i, p in enumerate(shard.params) if shard.owns(i) and p.grad is not None]
+        device = shard.params[0].device
+        norm_type = float(norm_type)
+        if grads:
+            local = torch.linalg.vector_norm(
+                torch.stack([torch.linalg.vector_norm(g.detach(), norm_type) for g in grads]),
+                norm_type).to(torch.float64)
+        else:
+            local = torch.zeros((), dtype=torch.float64, device=device)
+        if norm_type == float("inf"):
+            total = allreduce(local.reshape(1), op=basics.Max, name="sharded.grad_norm",
+                              process_set=self._process_set)[0]
+        else:
+            total = allreduce((local ** norm_type).reshape(1), op=basics.Sum,
+                              name="sharded.grad_norm",
+                              process_set=self._process_set)[0] ** (1.0 / norm_type)
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        if grads:
+            torch._foreach_mul_(grads, coef.to(grads[0].dtype))
+        return total.to(grads[0].dtype if grads else torch.float32)
+
+    # -- state dicts ---------------------------------------------------------
+
+    def _local_state(self) -> Dict[str, Any]:
+        """This rank's part: the user optimizer's state_dict (state of the owned
+        parameters only, indexed as in the full dict)."""
+        return super(self.__class__, self).state_dict()
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The consolidated state (loadable by the unsharded optimizer), available
+        on the root of the last consolidate_state_dict() until the next step()."""
+        if self._consolidated is None:
+            raise RuntimeError(_NOT_CONSOLIDATED)
+        return self._consolidated
+
+    def consolidate_state_dict(self, root_rank: Optional[int] = 0) -> None:
+        """Collective: gathers every rank's part of the state into one dict (on the
+        CPU) that state_dict() then returns on ``root_rank`` (on every rank when
+        ``root_rank`` is None). Host memory of the whole state on each rank while
+        it runs."""
+        shard = self._shard()
+        local = self._local_state()
+        if shard is None or shard.size == 1:
+            self._consolidated = _to_cpu(local)
+            return
+        from horovod_torch.functions import allgather_object
+        parts = allgather_object(_to_cpu(local["state"]), name="sharded.consolidate",
+                                 process_set=self._process_set)
+        if root_rank is None or basics.rank() == root_rank:
+            state = {}
+            for part in parts:
+                state.update(part)
+            self._consolidated = {"state": dict(sorted(state.items())),
+                                  "param_groups": copy.deepcopy(local["param_groups"])}
+        else:
+            self._consolidated = None
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Loads a full (consolidated or unsharded) state dict: this rank keeps the
+        state of the parameters it owns. broadcast_optimizer_state() after a load
+        on one rank sends the dict to the others."""
+        self._reset_pending()
+        self._load_full(state_dict)
+        self._loaded_full = state_dict
+
+    def _load_full(self, state_dict: Dict[str, Any]) -> None:
+        shard = self._shard()
+        if shard is None:
+            return super(self.__class__, self).load_state_dict(state_dict)
+        mine = {k: v for k, v in state_dict["state"].items() if shard.owns(int(k))}
+        super(self.__class__, self).load_state_dict(
+            {"state": mine, "param_groups": state_dict["param_groups"]})
+        self._consolidated = None
+        return None
+
+    def sharded_state_dict(self) -> Dict[str, Any]:
+        """This rank's part of the state, for a per-rank checkpoint file; load it
+        with load_sharded_state_dict() in a job of the same size."""
+        shard = self._shard()
+        sd = self._local_state()
+        sd["shard"] = {"rank": shard.rank if shard else 0, "size": shard.size if shard else 1,
+                       "owner": list(shard.owner) if shard else []}
+        return sd
+
+    def load_sharded_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Loads what sharded_state_dict() saved on this rank."""
+        info = state_dict.get("shard")
+        shard = self._shard()
+        if info is None:
+            raise ValueError("not a sharded state dict (no 'shard' entry): load a full "
+                             "state dict with load_state_dict()")
+        here = (shard.size, shard.rank, list(shard.owner)) if shard else (1, 0, [])
+        if (info["size"], info["rank"], list(info["owner"])) != here:
+            raise ValueError(
+                f"this sharded state dict was saved by rank {info['rank']} of "
+                f"{info['size']} (for another partition); this is rank {here[1]} of "
+                f"{here[0]}. Load the file rank {here[1]} saved in a job of the same size "
+                "and model, or a consolidated state dict with load_state_dict()")
+        self._reset_pending()
+        super(self.__class__, self).load_state_dict(
+            {"state": state_dict["state"], "param_groups": state_dict["param_groups"]})
+        self._consolidated = None
+
+    def _broadcast_state(self, root_rank: int) -> None:
+        """broadcast_optimizer_state for a sharded optimizer: the full dict the root
+        last loaded (if any) goes to every rank, which keeps its own part; else the
+        root's hyper-parameters (the state itself is already where it belongs)."""
+        from horovod_torch.functions import broadcast_object
+        is_root = basics.rank() == root_rank
+        payload = None
+        if is_root:
+            payload = ({"full": _to_cpu(self._loaded_full)} if self._loaded_full is not None
+                       else {"param_groups": self._local_state()["param_groups"]})
+        payload = broadcast_object(payload, root_rank, name="sharded.broadcast_state",
+                                   process_set=self._process_set)
+        if "full" in payload:
+            if not is_root:
+                self._load_full(payload["full"])
+        elif not is_root:
+            for group, saved in zip(self.param_groups, payload["param_groups"]):
+                group.update({k: v for k, v in saved.items() if k != "params"})
+
+    # -- elastic snapshots (ShardedOptimizerStateHandler) ----------------------
+
+    def _snapshot(self) -> Dict[str, Any]:
+        """This rank's part of the state, copied to host memory, with the partition
+        it belongs to."""
+        shard = self._shard()
+        local = self._local_state()
+        return {"state": _to_cpu(local["state"]), "param_groups": copy.deepcopy(local["param_groups"]),
+                "owned": list(shard.owned) if shard else list(range(len(self._all_params())))}
+
+    def _load_snapshot(self, snap: Dict[str, Any]) -> None:
+        self._reset_pending()
+        super(self.__class__, self).load_state_dict(
+            {"state": copy.deepcopy(snap["state"]), "param_groups": snap["param_groups"]})
+        self._consolidated = None

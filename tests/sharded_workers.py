@@ -1,0 +1,193 @@
+"""Workers for test_sharded.py: DistributedOptimizer(shard_optimizer_state=...)
+against the unsharded optimizer, trained side by side in the same processes."""
+import copy
+import io
+
+import torch
+import torch.nn as nn
+
+import horovod_torch as hvd
+from tests.workers import expect_raises
+
+B = 12  # global batch
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(),
+                         nn.Linear(16, 3))
+
+
+def _make_opt(name, model):
+    """Two param groups with their own hyper-parameters."""
+    first, rest = list(model[0].parameters()), [p for m in model[1:] for p in m.parameters()]
+    groups = [{"params": first, "lr": 0.05}, {"params": rest}]
+    if name == "sgd":
+        return torch.optim.SGD(groups, lr=0.1, momentum=0.9, weight_decay=0.01)
+    if name == "adam":
+        return torch.optim.Adam(groups, lr=0.01)
+    return torch.optim.AdamW(groups, lr=0.01, weight_decay=0.1)
+
+
+def _batch(step, r, n):
+    g = torch.Generator().manual_seed(100 + step)
+    x, y = torch.randn(B, 5, generator=g), torch.randn(B, 3, generator=g)
+    per = B // n
+    return x[r * per:(r + 1) * per], y[r * per:(r + 1) * per]
+
+
+class _Trainer:
+    def __init__(self, opt_name, stage, extras):
+        self.model = _model()
+        kwargs = {"backward_passes_per_step": 2 if "bpps2" in extras else 1}
+        if "fp16" in extras:
+            kwargs["compression"] = hvd.Compression.fp16
+        self.opt = hvd.DistributedOptimizer(_make_opt(opt_name, self.model),
+                                            named_parameters=self.model.named_parameters(),
+                                            shard_optimizer_state=stage, **kwargs)
+        self.sched = torch.optim.lr_scheduler.StepLR(self.opt, step_size=2, gamma=0.5)
+        self.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if "amp" in extras else None
+        self.extras = extras
+
+    def step(self, step):
+        r, n = hvd.rank(), hvd.size()
+        passes = 2 if "bpps2" in self.extras else 1
+        self.opt.zero_grad()
+        for k in range(passes):
+            x, y = _batch(step * passes + k, r, n)
+            loss = ((self.model(x) - y) ** 2).mean() / passes
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+        self.opt.synchronize()
+        if self.scaler:
+            self.scaler.unscale_(self.opt)
+        norm = None
+        if "clip" in self.extras:
+            norm = self.opt.clip_grad_norm_(0.05) if hasattr(self.opt, "clip_grad_norm_") else \
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), 0.05)
+        with self.opt.skip_synchronize():
+            if self.scaler:
+                self.scaler.step(self.opt)
+                self.scaler.update()
+            else:
+                self.opt.step()
+        self.sched.step()
+        return norm
+
+
+def exactness(opt_name="adamw", stage="1", extra="none"):
+    """Sharded and unsharded training reach the same parameters and state."""
+    hvd.init()
+    extras = set(extra.split("+"))
+    stage = int(stage)
+    plain, sharded = _Trainer(opt_name, 0, extras), _Trainer(opt_name, stage, extras)
+    for step in range(5):
+        n1, n2 = plain.step(step), sharded.step(step)
+        if n1 is not None:
+            if stage == 1:
+                assert torch.equal(n1, n2), (n1, n2)
+            else:  # stage 2: the norm is combined from the ranks' shards
+                torch.testing.assert_close(n1, n2, rtol=1e-5, atol=1e-7)
+    for (name, p), q in zip(plain.model.named_parameters(), sharded.model.parameters()):
+        if not ("clip" in extras and stage == 2):  # else the norm's sum order differs
+            assert torch.equal(p, q), (name, (p - q).abs().max())
+        else:
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    # each rank holds state for its own parameters only; together, all of it
+    owned = torch.tensor([sum(1 for _ in sharded.opt.state)])
+    total = int(hvd.allreduce(owned, op=hvd.Sum, name="owned").item())
+    assert total == len(plain.opt.state) == 6, (total, len(plain.opt.state))
+    if hvd.size() > 1:
+        assert len(sharded.opt.state) < len(plain.opt.state)
+    # the consolidated state dict is the unsharded optimizer's
+    sharded.opt.consolidate_state_dict(root_rank=None)
+    full, ref = sharded.opt.state_dict(), plain.opt.state_dict()
+    assert full["param_groups"] == ref["param_groups"]
+    assert sorted(full["state"]) == sorted(ref["state"])
+    for k, st in ref["state"].items():
+        for key, v in st.items():
+            v, w = torch.as_tensor(v).cpu(), torch.as_tensor(full["state"][k][key])
+            if "clip" in extras and stage == 2:
+                torch.testing.assert_close(v, w, rtol=1e-5, atol=1e-7)
+            else:
+                assert torch.equal(v, w), (k, key)
+    # stage 2: only the owned gradients are kept after synchronize()
+    if stage == 2 and hvd.size() > 1:
+        shard = sharded.opt._shard()
+        kept = [i for i, p in enumerate(shard.params) if p.grad is not None]
+        assert kept and set(kept) <= set(shard.owned), (kept, shard.owned)
+    hvd.shutdown()
+
+
+def state_dicts():
+    """Checkpoints: consolidated <-> unsharded, sharded files, broadcast after a
+    load on one rank, and the errors."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    plain, sharded = _Trainer("adamw", 0, set()), _Trainer("adamw", 1, set())
+    for step in range(3):
+        plain.step(step)
+        sharded.step(step)
+    expect_raises(RuntimeError, sharded.opt.state_dict, "consolidate_state_dict")
+    sharded.opt.consolidate_state_dict(root_rank=0)
+    if r == 0:
+        full = sharded.opt.state_dict()
+    else:
+        expect_raises(RuntimeError, sharded.opt.state_dict, "consolidate_state_dict")
+        full = None
+    # the consolidated dict loads into a fresh unsharded optimizer, which then trains
+    # exactly like the one that never was sharded
+    buf = io.BytesIO()
+    torch.save(hvd.broadcast_object(full, 0, name="full"), buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    fresh = _Trainer("adamw", 0, set())
+    fresh.model.load_state_dict(sharded.model.state_dict())
+    fresh.opt.load_state_dict(loaded)
+    fresh.sched.load_state_dict(plain.sched.state_dict())
+    # an unsharded optimizer's dict loads into a sharded one loaded on rank 0 only,
+    # then broadcast (Horovod's checkpoint idiom)
+    resumed = _Trainer("adamw", 1, set())
+    resumed.model.load_state_dict(sharded.model.state_dict())
+    resumed.sched.load_state_dict(plain.sched.state_dict())
+    if r == 0:
+        # a copy: torch's load_state_dict keeps the tensors it is given
+        resumed.opt.load_state_dict(copy.deepcopy(plain.opt.state_dict()))
+    hvd.broadcast_optimizer_state(resumed.opt, root_rank=0)
+    # per-rank files
+    part = io.BytesIO()
+    torch.save(sharded.opt.sharded_state_dict(), part)
+    part.seek(0)
+    again = _Trainer("adamw", 1, set())
+    again.model.load_state_dict(sharded.model.state_dict())
+    again.sched.load_state_dict(plain.sched.state_dict())
+    again.opt.load_sharded_state_dict(torch.load(part, weights_only=False))
+    if n > 1:
+        other = sharded.opt.sharded_state_dict()
+        other["shard"] = dict(other["shard"], rank=(r + 1) % n)
+        expect_raises(ValueError, lambda: again.opt.load_sharded_state_dict(other),
+                      "saved by rank")
+    for step in range(3, 6):
+        for t in (plain, fresh, resumed, again):
+            t.step(step)
+    for what, t in (("consolidated into unsharded", fresh), ("broadcast", resumed),
+                    ("sharded files", again)):
+        for p, q in zip(plain.model.parameters(), t.model.parameters()):
+            assert torch.equal(p, q), (what, (p - q).abs().max())
+    hvd.shutdown()
+
+
+def errors():
+    hvd.init()
+    model = _model()
+    expect_raises(ValueError, lambda: hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum,
+        shard_optimizer_state=True), "Adasum")
+    expect_raises(ValueError, lambda: hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), shard_optimizer_state=3),
+        "shard_optimizer_state must be")
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(),
+                                   shard_optimizer_state=True)
+    model(torch.randn(2, 5)).sum().backward()
+    expect_raises(ValueError, lambda: opt.step(lambda: 0.0), "closure")
+    hvd.shutdown()
