@@ -385,12 +385,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                    backward_passes_per_step)
         dist.state = optimizer.state
         return dist
-    methods = dict(_DistributedOptimizer.__dict__)
+    methods, bases = dict(_DistributedOptimizer.__dict__), (optimizer.__class__,)
     if stage:
-        from horovod_torch.sharded import ShardedStateMixin
+        from horovod_torch.sharded import ShardedOptimizer, ShardedStateMixin
         methods.update({k: v for k, v in ShardedStateMixin.__dict__.items()
                         if not k.startswith("__")})
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
+        bases += (ShardedOptimizer,)
+    cls = type(optimizer.__class__.__name__, bases, methods)
     dist = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
                op, gradient_predivide_factor, groups if groups is not None else (num_groups or None),
                sparse_as_dense, process_set)

@@ -98,6 +98,11 @@ _NOT_CONSOLIDATED = (
     "or save each rank's part with sharded_state_dict()")
 
 
+class ShardedOptimizer:
+    """A base of every sharded DistributedOptimizer's class (for isinstance; the
+    elastic TorchState picks its handler by it). It has no methods of its own."""
+
+
 class ShardedStateMixin:
     """Methods of a sharded DistributedOptimizer (see DistributedOptimizer): copied
     over _DistributedOptimizer's in the class made for the user's optimizer, so

@@ -9,7 +9,7 @@ from tests.harness import ROOT
 SCRIPT = os.path.join(ROOT, "tests", "elastic_train.py")
 
 
-def _run(tmp_path, hosts_text, extra_env, args=(), timeout=240):
+def _run(tmp_path, hosts_text, extra_env, args=(), timeout=240, script=SCRIPT):
     hosts_file = tmp_path / "hosts.txt"
     hosts_file.write_text(hosts_text.replace(";", "\n") + "\n")
     discover = tmp_path / "discover.sh"
@@ -18,7 +18,7 @@ def _run(tmp_path, hosts_text, extra_env, args=(), timeout=240):
     env = dict(os.environ, PYTHONPATH=ROOT, MARKER=str(tmp_path / "killed"),
                EDIT_FILE=str(hosts_file), OMP_NUM_THREADS="1", **extra_env)
     cmd = [sys.executable, "-m", "horovod_torch.runner", "--host-discovery-script",
-           str(discover), *args, sys.executable, SCRIPT]
+           str(discover), *args, sys.executable, script]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     return out.returncode, out.stdout + out.stderr
 

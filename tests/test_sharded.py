@@ -1,8 +1,12 @@
 """DistributedOptimizer(shard_optimizer_state=...): exactness against the unsharded
 optimizer, checkpoints and errors (CPU, 2 and 3 ranks)."""
+import os
+import re
+
 import pytest
 
-from tests.harness import run_workers
+from tests.harness import ROOT, run_workers
+from tests.test_elastic import _finals, _run
 
 
 @pytest.mark.parametrize("size", [2, 3])
@@ -26,3 +30,43 @@ def test_sharded_state_dicts(size):
 
 def test_sharded_errors():
     run_workers("tests.sharded_workers:errors", 2, timeout=60)
+
+
+# -- elastic ----------------------------------------------------------------------
+
+ELASTIC_SCRIPT = os.path.join(ROOT, "tests", "elastic_sharded_train.py")
+
+
+@pytest.mark.parametrize("stage", ["1", "2"])
+def test_sharded_state_survives_a_kill_and_a_rejoin_3_2_3(tmp_path, stage):
+    """A worker dies mid-training: the two survivors rebuild its part of the optimizer
+    state from the replica and reshard it; the replacement gets its part when it
+    joins. Parameters and state end as a single process's after the same steps."""
+    rc, out = _run(tmp_path, "localhost:3", {"KILL_RANKS": "1", "KILL_STEP": "10",
+                                             "STEPS": "160", "STEP_SLEEP": "0.04",
+                                             "STAGE": stage},
+                   ["-np", "3", "--min-np", "2", "--max-np", "3",
+                    "--blacklist-cooldown-range", "1", "2"],
+                   script=ELASTIC_SCRIPT, timeout=300)
+    assert rc == 0, out
+    finals = _finals(out)
+    assert len(finals) == 3, out
+    assert all(f["params_ok"] == "True" and f["state_ok"] == "True" for f in finals), out
+    assert all(f["step"] == "160" and f["size"] == "3" for f in finals), out
+    survivors = [f for f in finals if f["resets"].startswith("2")]
+    assert len(survivors) == 2 and all(f["resets"] == "2,3" for f in survivors), out
+    recovery = re.findall(r"RECOVERY rank=0 seconds=([\d.]+)", out)
+    print(f"sharded: recovery from a worker's death to the next completed step: {recovery} s")
+
+
+def test_two_neighbouring_ranks_lost_is_a_clear_error(tmp_path):
+    """Ranks 1 and 2 die together: rank 1's part and its replica (kept by rank 2) are
+    both gone, so the job stops with CommittedStateLostError saying so."""
+    rc, out = _run(tmp_path, "localhost:3", {"KILL_RANKS": "1,2", "KILL_STEP": "10",
+                                             "STEPS": "100", "STEP_SLEEP": "0.04"},
+                   ["-np", "3", "--min-np", "1", "--max-np", "3",
+                    "--blacklist-cooldown-range", "1", "2"],
+                   script=ELASTIC_SCRIPT, timeout=240)
+    assert rc != 0, out
+    assert "CommittedStateLostError" in out and "two neighbouring ranks lost at once" in out, out
+    assert "FINAL" not in out, out

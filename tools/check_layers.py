@@ -57,7 +57,7 @@ PY_LAYERS: List[Tuple[str, List[str]]] = [
     ("engine", ["horovod_torch._ext", "horovod_torch._C", "horovod_torch.basics"]),
     ("collectives", ["horovod_torch.compression", "horovod_torch.adasum",
                      "horovod_torch.ops", "horovod_torch.sparse"]),
-    ("features", ["horovod_torch.optimizer", "horovod_torch.functions",
+    ("features", ["horovod_torch.optimizer", "horovod_torch.sharded", "horovod_torch.functions",
                   "horovod_torch.sync_batch_norm", "horovod_torch.mpi_ops",
                   "horovod_torch.elastic"]),
     ("integrations", ["horovod_torch.ray", "horovod_torch.spark", "horovod_torch.lightning"]),

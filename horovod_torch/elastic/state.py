@@ -27,6 +27,7 @@ from horovod_torch.exceptions import CommittedStateLostError, HostsUpdatedInterr
 from horovod_torch.functions import (allgather_object, broadcast_object,
                                      broadcast_optimizer_state, broadcast_parameters)
 from horovod_torch.ops import allgather, broadcast_
+from horovod_torch.sharded import ShardedOptimizer
 
 
 class _HostMessages(queue.Queue):
@@ -362,6 +363,75 @@ class OptimizerStateHandler(StateHandler):
         self.save()
 
 
+class ShardedOptimizerStateHandler(StateHandler):
+    """A sharded DistributedOptimizer (shard_optimizer_state): at each commit every
+    rank saves its own part of the state in host memory and sends a copy to the
+    next rank ((r + 1) mod N), which keeps it as a replica. sync() gathers the
+    survivors' parts and replicas of the sync root's commit, checks that every
+    parameter's state is there, and loads it resharded for the new world; new
+    workers get their parts the same way. A rank and the rank after it lost at once
+    lose a part: sync() then raises CommittedStateLostError naming it."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        super().__init__(optimizer)
+        self._seq = 0  # saves since the job's state was last agreed (same on every rank)
+        self._saved = dict(optimizer._snapshot(), seq=0)
+        self._replica: Optional[Dict[str, Any]] = None
+
+    def save(self) -> None:
+        snap = self.value._snapshot()
+        self._seq += 1
+        snap["seq"] = self._seq
+        self._saved = snap  # this rank's part, even if the exchange below fails
+        self._replica = None
+        self._replica = _exchange_with_next_rank(snap)
+
+    def restore(self) -> None:
+        self.value._load_snapshot(self._saved)
+
+    def sync(self) -> None:
+        parts = allgather_object([self._saved, self._replica],
+                                 name="elastic.sharded_optimizer_state")
+        seq = parts[self.root_rank][0]["seq"]
+        state: Dict[int, Any] = {}
+        covered = set()
+        for snap in (x for pair in parts for x in pair):
+            if snap is not None and snap["seq"] == seq:
+                state.update(snap["state"])
+                covered.update(snap["owned"])
+        missing = sorted(set(range(len(self.value._all_params()))) - covered)
+        if missing and seq > 0:
+            message = (f"committed state lost: the optimizer state of {len(missing)} "
+                       f"parameter(s) (indices {missing[:8]}{' ...' if len(missing) > 8 else ''}) "
+                       "was held only by a worker that is gone and by the worker that kept "
+                       "its replica, also gone (two neighbouring ranks lost at once). "
+                       "Resuming would silently reset that state, so the job stops; restart "
+                       "it from a checkpoint")
+            if worker.is_elastic():
+                worker.report_fatal(message)
+            raise CommittedStateLostError(message)
+        # Before any commit a part that left is the initial state: those parameters
+        # start with none, as they did.
+        self.value._load_full({"state": state,
+                               "param_groups": parts[self.root_rank][0]["param_groups"]})
+        self._seq = seq
+        self.save()
+
+
+def _exchange_with_next_rank(snap: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """Sends ``snap`` to rank (r + 1) mod N; returns what rank (r - 1) mod N sent."""
+    if not basics.is_initialized() or basics.size() == 1:
+        return None
+    from horovod_torch.functions import _from_bytes_tensor, _to_bytes_tensor
+    from horovod_torch.ops import alltoall
+    n, r = basics.size(), basics.rank()
+    payload = _to_bytes_tensor(snap)
+    splits = [0] * n
+    splits[(r + 1) % n] = payload.numel()
+    received, _ = alltoall(payload, splits=splits, name="elastic.sharded_replica")
+    return _from_bytes_tensor(received)
+
+
 class SchedulerStateHandler(StateHandler):
     """An LR scheduler: its state_dict is saved, restored and synced; the scheduler
     object itself (attached to the real optimizer) is kept."""
@@ -413,6 +483,7 @@ class SamplerStateHandler(StateHandler):
 
 _handler_registry: List[Tuple[Type, Type[StateHandler]]] = [
     (torch.nn.Module, ModelStateHandler),
+    (ShardedOptimizer, ShardedOptimizerStateHandler),
     (torch.optim.Optimizer, OptimizerStateHandler),
     (torch.optim.lr_scheduler.LRScheduler, SchedulerStateHandler),
     (ElasticSampler, SamplerStateHandler),

@@ -1,0 +1,89 @@
+"""Elastic training with sharded optimizer state, run under horovodrun by
+test_sharded.py. Every rank trains on the same full batch, so the averaged gradient,
+and so the whole trajectory, is the one a single process has whatever the world
+size: at the end each rank compares the parameters and the consolidated optimizer
+state with a single-process run of the same steps.
+
+Environment: STEPS, KILL_RANKS (comma-separated ranks that die together at
+KILL_STEP, once: marker file MARKER), STAGE (1 or 2)."""
+import os
+import time
+
+import torch
+import torch.nn as nn
+
+import horovod.torch as hvd
+
+STEPS = int(os.environ.get("STEPS", "40"))
+KILL_STEP = int(os.environ.get("KILL_STEP", "-1"))
+KILL_RANKS = {int(r) for r in os.environ.get("KILL_RANKS", "").split(",") if r}
+
+
+def build():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(),
+                          nn.Linear(16, 1))
+    groups = [{"params": list(model[0].parameters()), "lr": 0.02},
+              {"params": [p for m in model[1:] for p in m.parameters()]}]
+    return model, torch.optim.AdamW(groups, lr=0.01, weight_decay=0.05)
+
+
+gen = torch.Generator().manual_seed(1)
+data = torch.randn(64, 8, generator=gen)
+target = data.sum(1, keepdim=True).sin()
+
+
+def loss_of(model):
+    return ((model(data) - target) ** 2).mean()
+
+
+hvd.init()
+model, base = build()
+opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(),
+                               shard_optimizer_state=int(os.environ.get("STAGE", "1")))
+state = hvd.elastic.TorchState(model, opt, step=0)
+resets = []
+state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+reported = []
+
+
+@hvd.elastic.run
+def train(state):
+    while state.step < STEPS:
+        if (state.step == KILL_STEP and hvd.rank() in KILL_RANKS
+                and not os.path.exists(os.environ["MARKER"])):
+            time.sleep(0.2)  # the others have reached this step's collectives
+            with open(os.environ["MARKER"] + f".{hvd.rank()}", "w") as f:
+                f.write(str(time.time()))
+            if hvd.rank() == max(KILL_RANKS):
+                os.rename(os.environ["MARKER"] + f".{hvd.rank()}", os.environ["MARKER"])
+            os._exit(3)
+        opt.zero_grad()
+        loss_of(state.model).backward()
+        opt.step()
+        state.step += 1
+        if resets and not reported and os.path.exists(os.environ.get("MARKER", "")):
+            reported.append(1)
+            with open(os.environ["MARKER"]) as f:
+                died = float(f.read() or "nan")
+            print(f"RECOVERY rank={hvd.rank()} seconds={time.time() - died:.2f}", flush=True)
+        time.sleep(float(os.environ.get("STEP_SLEEP", "0.02")))
+        state.commit()
+
+
+train(state)
+ref_model, ref_opt = build()
+for _ in range(STEPS):
+    ref_opt.zero_grad()
+    loss_of(ref_model).backward()
+    ref_opt.step()
+params_ok = all(torch.allclose(p, q, rtol=1e-4, atol=1e-6)
+                for p, q in zip(model.parameters(), ref_model.parameters()))
+opt.consolidate_state_dict(root_rank=None)
+full, ref = opt.state_dict(), ref_opt.state_dict()
+state_ok = sorted(full["state"]) == sorted(ref["state"]) and all(
+    torch.allclose(torch.as_tensor(v).float(), torch.as_tensor(full["state"][k][key]).float(),
+                   rtol=1e-4, atol=1e-7)
+    for k, st in ref["state"].items() for key, v in st.items())
+print(f"FINAL rank={hvd.rank()} size={hvd.size()} step={state.step} params_ok={params_ok} "
+      f"state_ok={state_ok} owned={len(opt.state)} resets={','.join(map(str, resets)) or 'none'}", flush=True)
