@@ -37,8 +37,9 @@ def _batch(step, r, n):
 
 
 class _Trainer:
-    def __init__(self, opt_name, stage, extras):
-        self.model = _model()
+    def __init__(self, opt_name, stage, extras, dev=torch.device("cpu")):
+        self.dev = dev
+        self.model = _model().to(dev)
         kwargs = {"backward_passes_per_step": 2 if "bpps2" in extras else 1}
         if "fp16" in extras:
             kwargs["compression"] = hvd.Compression.fp16
@@ -46,7 +47,8 @@ class _Trainer:
                                             named_parameters=self.model.named_parameters(),
                                             shard_optimizer_state=stage, **kwargs)
         self.sched = torch.optim.lr_scheduler.StepLR(self.opt, step_size=2, gamma=0.5)
-        self.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if "amp" in extras else None
+        self.scaler = (torch.amp.GradScaler(dev.type, init_scale=1024.0) if "amp" in extras
+                       else None)
         self.extras = extras
 
     def step(self, step):
@@ -54,7 +56,7 @@ class _Trainer:
         passes = 2 if "bpps2" in self.extras else 1
         self.opt.zero_grad()
         for k in range(passes):
-            x, y = _batch(step * passes + k, r, n)
+            x, y = (t.to(self.dev) for t in _batch(step * passes + k, r, n))
             loss = ((self.model(x) - y) ** 2).mean() / passes
             (self.scaler.scale(loss) if self.scaler else loss).backward()
         self.opt.synchronize()
@@ -74,12 +76,16 @@ class _Trainer:
         return norm
 
 
-def exactness(opt_name="adamw", stage="1", extra="none"):
+def exactness(opt_name="adamw", stage="1", extra="none", device="cpu"):
     """Sharded and unsharded training reach the same parameters and state."""
     hvd.init()
     extras = set(extra.split("+"))
     stage = int(stage)
-    plain, sharded = _Trainer(opt_name, 0, extras), _Trainer(opt_name, stage, extras)
+    dev = torch.device("cpu")
+    if device == "cuda":
+        torch.cuda.set_device(hvd.local_rank())
+        dev = torch.device("cuda", hvd.local_rank())
+    plain, sharded = _Trainer(opt_name, 0, extras, dev), _Trainer(opt_name, stage, extras, dev)
     for step in range(5):
         n1, n2 = plain.step(step), sharded.step(step)
         if n1 is not None:

@@ -83,3 +83,10 @@ def test_nccl_with_the_mpi_controller():
     from tests.test_mpi import mpirun
     mpirun("tests.workers:all_collectives", 2, args=[0, "cuda"],
            env={"NCCL_NVLS_ENABLE": "0"}, timeout=240)
+
+
+@pytest.mark.parametrize("opt,stage,extra", [("adamw", "1", "clip"), ("adam", "2", "amp"),
+                                             ("sgd", "1", "bpps2+fp16")])
+def test_sharded_optimizer_exactness_on_gpu(opt, stage, extra):
+    run_workers("tests.sharded_workers:exactness", 2, args=[opt, stage, extra, "cuda"],
+                env=GPU_ENV, timeout=240)
