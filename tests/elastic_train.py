@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 
 import horovod.torch as hvd
+from tests.workers import report_recovery_once
 
 if os.environ.get("LATE_INIT_S") and os.path.exists(os.environ.get("MARKER", "")):
     time.sleep(float(os.environ["LATE_INIT_S"]))
@@ -61,11 +62,7 @@ def train(state):
         state.sampler.record_batch(state.batch, 8)
         state.batch += 1
         state.step += 1
-        if resets and not reported and os.path.exists(os.environ.get("MARKER", "")):
-            reported.append(1)
-            with open(os.environ["MARKER"]) as f:
-                died = float(f.read() or "nan")
-            print(f"RECOVERY rank={hvd.rank()} seconds={time.time() - died:.2f}", flush=True)
+        report_recovery_once(resets, reported)
         time.sleep(float(os.environ.get("STEP_SLEEP", "0.02")))
         state.commit()
 

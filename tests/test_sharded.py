@@ -70,3 +70,17 @@ def test_two_neighbouring_ranks_lost_is_a_clear_error(tmp_path):
     assert rc != 0, out
     assert "CommittedStateLostError" in out and "two neighbouring ranks lost at once" in out, out
     assert "FINAL" not in out, out
+
+
+def test_a_removed_host_takes_no_state_with_it(tmp_path):
+    """Hosts removed: the survivors skip the sync for an unsharded state, but the
+    removed worker's part of a sharded one must come back from its replica."""
+    rc, out = _run(tmp_path, "localhost:2;127.0.0.2:1",
+                   {"EDIT_STEP": "10", "EDIT_TEXT": "localhost:2", "STEPS": "60",
+                    "STEP_SLEEP": "0.04"},
+                   ["-np", "3", "--min-np", "2", "--max-np", "3"],
+                   script=ELASTIC_SCRIPT, timeout=240)
+    assert rc == 0, out
+    finals = _finals(out)
+    assert len(finals) == 2 and all(f["size"] == "2" for f in finals), out
+    assert all(f["params_ok"] == "True" and f["state_ok"] == "True" for f in finals), out

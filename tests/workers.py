@@ -590,3 +590,14 @@ def inference_mode(device: str = "cpu") -> None:
     y.sum().backward()
     close(x.grad, torch.full((2,), 2.0 * n, device=dev), "grad after")
     hvd.shutdown()
+
+
+def report_recovery_once(resets, reported) -> None:
+    """For the elastic training scripts: after the first reset, once, prints how long
+    ago the killed worker died (the time its MARKER file holds) as a RECOVERY line."""
+    marker = os.environ.get("MARKER", "")
+    if resets and not reported and os.path.exists(marker):
+        reported.append(1)
+        with open(marker) as f:
+            died = float(f.read() or "nan")
+        print(f"RECOVERY rank={hvd.rank()} seconds={time.time() - died:.2f}", flush=True)

@@ -49,7 +49,7 @@ def run_fn(func: Callable, reset: Callable[[], None]) -> Callable:
                     if reset_required:
                         reset()
                         state.on_reset()
-                    if not skip_sync:
+                    if not skip_sync or state.must_sync_after_reset():
                         state.sync()
                     return func(state, *args, **kwargs)
                 except HorovodInternalError as e:

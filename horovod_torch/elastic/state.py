@@ -185,6 +185,11 @@ class State:
         if last > prev:
             raise HostsUpdatedInterrupt(skip_sync=(update == HostUpdateResult.removed))
 
+    def must_sync_after_reset(self) -> bool:
+        """Whether sync() must run after every reset, also when hosts were only
+        removed (where the survivors' states already agree and it is skipped)."""
+        return False
+
     def save(self) -> None:
         """Saves the state in host memory."""
         raise NotImplementedError
@@ -370,7 +375,10 @@ class ShardedOptimizerStateHandler(StateHandler):
     survivors' parts and replicas of the sync root's commit, checks that every
     parameter's state is there, and loads it resharded for the new world; new
     workers get their parts the same way. A rank and the rank after it lost at once
-    lose a part: sync() then raises CommittedStateLostError naming it."""
+    lose a part: sync() then raises CommittedStateLostError naming it. A removed
+    host takes its part away too, so sync() runs after every reset."""
+
+    sync_after_every_reset = True
 
     def __init__(self, optimizer: torch.optim.Optimizer):
         super().__init__(optimizer)
@@ -555,6 +563,9 @@ class TorchState(ObjectState):
             if hasattr(h, "reset"):
                 h.reset()
         super().reset()
+
+    def must_sync_after_reset(self) -> bool:
+        return any(getattr(h, "sync_after_every_reset", False) for h in self._handlers.values())
 
     def save(self) -> None:
         for h in self._handlers.values():
