@@ -16,7 +16,7 @@ replace or extend ``_DistributedOptimizer``'s; the elastic handler that keeps a
 replica of each shard is ``ShardedOptimizerStateHandler`` in elastic/state.py.
 """
 import copy
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -305,18 +305,176 @@ class ShardedStateMixin:
             for group, saved in zip(self.param_groups, payload["param_groups"]):
                 group.update({k: v for k, v in saved.items() if k != "params"})
 
-    # -- elastic snapshots (ShardedOptimizerStateHandler) ----------------------
+    # -- elastic parts (ShardedOptimizerStateHandler) -----------------------------
 
-    def _snapshot(self) -> Dict[str, Any]:
-        """This rank's part of the state, copied to host memory, with the partition
-        it belongs to."""
+    def _part(self, seq: int) -> Dict[str, Any]:
+        """This rank's part of the state, copied to host memory (see pack)."""
         shard = self._shard()
         local = self._local_state()
-        return {"state": _to_cpu(local["state"]), "param_groups": copy.deepcopy(local["param_groups"]),
-                "owned": list(shard.owned) if shard else list(range(len(self._all_params())))}
+        part = pack(local["state"], self._all_params()[0].device)
+        part.update(seq=seq, param_groups=copy.deepcopy(local["param_groups"]),
+                    owned=list(shard.owned) if shard else list(range(len(self._all_params()))))
+        return part
 
-    def _load_snapshot(self, snap: Dict[str, Any]) -> None:
+    def _load_part_state(self, state: Dict[int, Any], param_groups) -> None:
         self._reset_pending()
-        super(self.__class__, self).load_state_dict(
-            {"state": copy.deepcopy(snap["state"]), "param_groups": snap["param_groups"]})
+        super(self.__class__, self).load_state_dict({"state": state,
+                                                     "param_groups": param_groups})
         self._consolidated = None
+
+
+# -- parts: one rank's state as flat buffers, for elastic commits ----------------------
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def pack(state: Dict[int, Dict[str, Any]], device: torch.device) -> Dict[str, Any]:
+    """A rank's optimizer state ({parameter index: {key: value}}) as a part: the
+    tensors on the parameters' device concatenated into one flat host tensor per
+    dtype (``flats``; pinned, copied asynchronously, when on a GPU), where ``meta``
+    lists (index, key, dtype, shape, offset); everything else in ``values``."""
+    meta, values, chunks, sizes = [], {}, {}, {}
+    for idx in sorted(state):
+        for key, v in state[idx].items():
+            if isinstance(v, torch.Tensor) and v.device == device and v.numel() > 0:
+                name = _dtype_name(v.dtype)
+                off = sizes.get(name, 0)
+                meta.append((int(idx), key, name, tuple(v.shape), off))
+                chunks.setdefault(name, []).append(v.detach().reshape(-1))
+                sizes[name] = off + v.numel()
+            else:
+                values.setdefault(int(idx), {})[key] = _to_cpu(v)
+    flats = {name: _to_host(torch.cat(c)) for name, c in chunks.items()}
+    _host_copies_done(device)
+    return {"meta": meta, "values": values, "flats": flats}
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    if t.device.type != "cuda":
+        return t  # already a fresh copy (torch.cat)
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
+
+
+def _host_copies_done(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
+def unpack(part: Dict[str, Any], device: torch.device, flats=None) -> Dict[int, Dict[str, Any]]:
+    """The state a part holds, its tensors on ``device`` (views of one buffer per
+    dtype; ``flats`` overrides the part's own)."""
+    flats = part["flats"] if flats is None else flats
+    on_device = {n: f.to(device, non_blocking=True) for n, f in flats.items()}
+    state: Dict[int, Dict[str, Any]] = {}
+    for idx, key, name, shape, off in part["meta"]:
+        state.setdefault(idx, {})[key] = on_device[name][off:off + _numel(shape)].view(shape)
+    for idx, vals in part["values"].items():
+        state.setdefault(idx, {}).update(copy.deepcopy(vals))
+    return state
+
+
+def summary(part: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """A part without its buffers (what the others need to know about it)."""
+    if part is None:
+        return None
+    out = {k: v for k, v in part.items() if k != "flats"}
+    out["sizes"] = {n: f.numel() for n, f in part["flats"].items()}
+    return out
+
+
+def exchange_with_next_rank(part: Dict[str, Any], device: torch.device,
+                            process_set) -> Optional[Dict[str, Any]]:
+    """Sends ``part`` to rank (r + 1) mod N; returns the part rank (r - 1) mod N sent
+    (its buffers in host memory). One small allgather (the parts' summaries), then one
+    alltoall per dtype, from the device (NCCL on GPUs)."""
+    from horovod_torch.functions import allgather_object
+    from horovod_torch.ops import alltoall
+    n, r = _set_size(_ps_id(process_set)), _set_rank(_ps_id(process_set))
+    if n == 1:
+        return None
+    infos = allgather_object(summary(part), name="sharded.replica_meta",
+                             process_set=process_set)
+    names = sorted({name for info in infos for name in info["sizes"]})
+    prev = infos[(r - 1) % n]
+    flats = {}
+    for name in names:
+        mine = part["flats"].get(name)
+        send = (mine.to(device, non_blocking=True) if mine is not None
+                else torch.empty(0, dtype=getattr(torch, name), device=device))
+        splits = [0] * n
+        splits[(r + 1) % n] = send.numel()
+        received, _ = alltoall(send, splits=splits, name=f"sharded.replica.{name}",
+                               process_set=process_set)
+        if name in prev["sizes"]:
+            flats[name] = _to_host(received)
+    _host_copies_done(device)
+    return dict(prev, flats=flats)
+
+
+def reshard(own: Dict[str, Any], replica: Optional[Dict[str, Any]], root: int,
+            shard: "Shard", device: torch.device, process_set):
+    """Collective, after an elastic reset: every rank offers its own part and its
+    replica; for each parameter one holder of the sync root's commit is chosen (an
+    own part before a replica, the lowest rank first), and one alltoall per dtype
+    sends each parameter's state from that holder to its owner under ``shard`` (the
+    new partition). Returns (state for this rank, param_groups, seq, missing indices)."""
+    from horovod_torch.functions import allgather_object
+    from horovod_torch.ops import alltoall
+    n, r = shard.size, shard.rank
+    infos = allgather_object([summary(own), summary(replica)], name="sharded.reshard_meta",
+                             process_set=process_set)
+    seq = infos[root][0]["seq"]
+    source: Dict[int, Tuple[int, int]] = {}  # index -> (rank, 0 own / 1 replica)
+    for which in (0, 1):
+        for rank in range(n):
+            info = infos[rank][which]
+            if info is None or info["seq"] != seq:
+                continue
+            for idx in info["owned"]:
+                source.setdefault(idx, (rank, which))
+    missing = [i for i in range(len(shard.params)) if i not in source]
+    owner = shard.owner
+    mine = {idx: src for idx, src in source.items() if owner[idx] == r}
+    names = sorted({name for pair in infos for info in pair if info is not None
+                    and info["seq"] == seq for name in info["sizes"]})
+    state: Dict[int, Dict[str, Any]] = {}
+    for name in names:
+        # what this rank sends, destination by destination, parameter by parameter
+        pieces, splits = [], [0] * n
+        for dest in range(n):
+            for idx in sorted(i for i, src in source.items() if src[0] == r and owner[i] == dest):
+                part = own if source[idx][1] == 0 else replica
+                for i, key, nm, shape, off in part["meta"]:
+                    if i == idx and nm == name:
+                        numel = _numel(shape)
+                        pieces.append(part["flats"][name][off:off + numel])
+                        splits[dest] += numel
+        dtype = getattr(torch, name)
+        send = torch.cat(pieces).to(device) if pieces else torch.empty(0, dtype=dtype,
+                                                                       device=device)
+        received, _ = alltoall(send, splits=splits, name=f"sharded.reshard.{name}",
+                               process_set=process_set)
+        pos = 0
+        for src_rank in range(n):
+            for idx in sorted(i for i, src in mine.items() if src[0] == src_rank):
+                info = infos[src_rank][mine[idx][1]]
+                for i, key, nm, shape, off in info["meta"]:
+                    if i == idx and nm == name:
+                        numel = _numel(shape)
+                        state.setdefault(idx, {})[key] = received[pos:pos + numel].view(shape)
+                        pos += numel
+    for idx, (src_rank, which) in mine.items():
+        vals = infos[src_rank][which]["values"].get(idx)
+        if vals:
+            state.setdefault(idx, {}).update(vals)
+    return state, infos[root][0]["param_groups"], seq, missing
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n

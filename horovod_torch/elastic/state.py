@@ -27,6 +27,7 @@ from horovod_torch.exceptions import CommittedStateLostError, HostsUpdatedInterr
 from horovod_torch.functions import (allgather_object, broadcast_object,
                                      broadcast_optimizer_state, broadcast_parameters)
 from horovod_torch.ops import allgather, broadcast_
+from horovod_torch import sharded
 from horovod_torch.sharded import ShardedOptimizer
 
 
@@ -371,43 +372,41 @@ class OptimizerStateHandler(StateHandler):
 class ShardedOptimizerStateHandler(StateHandler):
     """A sharded DistributedOptimizer (shard_optimizer_state): at each commit every
     rank saves its own part of the state in host memory and sends a copy to the
-    next rank ((r + 1) mod N), which keeps it as a replica. sync() gathers the
-    survivors' parts and replicas of the sync root's commit, checks that every
-    parameter's state is there, and loads it resharded for the new world; new
-    workers get their parts the same way. A rank and the rank after it lost at once
-    lose a part: sync() then raises CommittedStateLostError naming it. A removed
-    host takes its part away too, so sync() runs after every reset."""
+    next rank ((r + 1) mod N), which keeps it as a replica (horovod_torch/sharded.py:
+    one flat buffer per dtype, sent from the device). sync() sends each parameter's
+    state of the sync root's commit from a survivor holding it (its owner, else the
+    replica's keeper) to its owner in the new world; new workers get their parts the
+    same way. A rank and the rank after it lost at once lose a part: sync() then
+    raises CommittedStateLostError naming it. A removed host takes its part away too,
+    so sync() runs after every reset."""
 
     sync_after_every_reset = True
 
     def __init__(self, optimizer: torch.optim.Optimizer):
         super().__init__(optimizer)
         self._seq = 0  # saves since the job's state was last agreed (same on every rank)
-        self._saved = dict(optimizer._snapshot(), seq=0)
+        self._saved = optimizer._part(0)
         self._replica: Optional[Dict[str, Any]] = None
 
+    def _device(self) -> torch.device:
+        return self.value._all_params()[0].device
+
     def save(self) -> None:
-        snap = self.value._snapshot()
         self._seq += 1
-        snap["seq"] = self._seq
-        self._saved = snap  # this rank's part, even if the exchange below fails
+        self._saved = self.value._part(self._seq)  # this rank's part, even if the exchange fails
         self._replica = None
-        self._replica = _exchange_with_next_rank(snap)
+        self._replica = sharded.exchange_with_next_rank(self._saved, self._device(),
+                                                        self.value._process_set)
 
     def restore(self) -> None:
-        self.value._load_snapshot(self._saved)
+        self.value._load_part_state(sharded.unpack(self._saved, self._device()),
+                                    self._saved["param_groups"])
 
     def sync(self) -> None:
-        parts = allgather_object([self._saved, self._replica],
-                                 name="elastic.sharded_optimizer_state")
-        seq = parts[self.root_rank][0]["seq"]
-        state: Dict[int, Any] = {}
-        covered = set()
-        for snap in (x for pair in parts for x in pair):
-            if snap is not None and snap["seq"] == seq:
-                state.update(snap["state"])
-                covered.update(snap["owned"])
-        missing = sorted(set(range(len(self.value._all_params()))) - covered)
+        shard = self.value._shard()
+        state, groups, seq, missing = sharded.reshard(
+            self._saved, self._replica, self.root_rank, shard, self._device(),
+            self.value._process_set)
         if missing and seq > 0:
             message = (f"committed state lost: the optimizer state of {len(missing)} "
                        f"parameter(s) (indices {missing[:8]}{' ...' if len(missing) > 8 else ''}) "
@@ -420,24 +419,9 @@ class ShardedOptimizerStateHandler(StateHandler):
             raise CommittedStateLostError(message)
         # Before any commit a part that left is the initial state: those parameters
         # start with none, as they did.
-        self.value._load_full({"state": state,
-                               "param_groups": parts[self.root_rank][0]["param_groups"]})
+        self.value._load_part_state(state, groups)
         self._seq = seq
         self.save()
-
-
-def _exchange_with_next_rank(snap: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """Sends ``snap`` to rank (r + 1) mod N; returns what rank (r - 1) mod N sent."""
-    if not basics.is_initialized() or basics.size() == 1:
-        return None
-    from horovod_torch.functions import _from_bytes_tensor, _to_bytes_tensor
-    from horovod_torch.ops import alltoall
-    n, r = basics.size(), basics.rank()
-    payload = _to_bytes_tensor(snap)
-    splits = [0] * n
-    splits[(r + 1) % n] = payload.numel()
-    received, _ = alltoall(payload, splits=splits, name="elastic.sharded_replica")
-    return _from_bytes_tensor(received)
 
 
 class SchedulerStateHandler(StateHandler):
