@@ -197,3 +197,36 @@ def errors():
     model(torch.randn(2, 5)).sum().backward()
     expect_raises(ValueError, lambda: opt.step(lambda: 0.0), "closure")
     hvd.shutdown()
+
+
+def process_set():
+    """Sharded over the process set {0, 2} of 3 ranks: those two train as one job
+    (their own partition of 2) and equal the unsharded optimizer on the same set;
+    rank 1, outside it, trains alone on its own gradients, unsharded."""
+    ps = hvd.ProcessSet([0, 2])
+    hvd.init(process_sets=[ps])
+    r = hvd.rank()
+
+    def trainer(stage):
+        model = _model()
+        opt = hvd.DistributedOptimizer(_make_opt("adamw", model),
+                                       named_parameters=model.named_parameters(),
+                                       shard_optimizer_state=stage, process_set=ps)
+        return model, opt
+
+    plain, sharded = trainer(0), trainer(1)
+    local_rank = {0: 0, 2: 1}.get(r, 0)
+    size = 2 if r in (0, 2) else 1
+    for step in range(4):
+        for model, opt in (plain, sharded):
+            x, y = _batch(step, local_rank, size)
+            opt.zero_grad()
+            ((model(x) - y) ** 2).mean().backward()
+            opt.step()
+    for p, q in zip(plain[0].parameters(), sharded[0].parameters()):
+        assert torch.equal(p, q), (r, (p - q).abs().max())
+    if r in (0, 2):
+        assert 0 < len(sharded[1].state) < len(plain[1].state) == 6, len(sharded[1].state)
+    else:
+        assert len(sharded[1].state) == 6  # outside the set: all of it, unsharded
+    hvd.shutdown()

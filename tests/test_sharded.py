@@ -84,3 +84,7 @@ def test_a_removed_host_takes_no_state_with_it(tmp_path):
     finals = _finals(out)
     assert len(finals) == 2 and all(f["size"] == "2" for f in finals), out
     assert all(f["params_ok"] == "True" and f["state_ok"] == "True" for f in finals), out
+
+
+def test_sharded_over_a_process_set():
+    run_workers("tests.sharded_workers:process_set", 3, timeout=90)
