@@ -1,15 +1,9 @@
 // pybind11 module horovod_torch._C. Holds the process's one Runtime (created by
 // init, destroyed by shutdown) and the handle table that outlives it. Errors are
 // returned to Python as (code, message) so horovod_torch/basics.py can raise the
-// right exception type (see common/status.h).
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
+// right exception type (see common/status.h). The gradient hooks are in
+// grad_hooks.cc; module_state.h is what they use of this file.
 #include <torch/extension.h>
-#include <torch/version.h>
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
-#include <torch/csrc/PyInterpreter.h>
-#include <torch/csrc/dynamo/compiled_autograd.h>
-#endif
 
 #include <unistd.h>
 
@@ -23,6 +17,8 @@
 #include "common/logging.h"
 #include "core/gpu_backend.h"
 #include "core/runtime.h"
+#include "python/grad_hooks.h"
+#include "python/module_state.h"
 #include "rendezvous/store.h"
 
 namespace py = pybind11;
@@ -204,19 +200,6 @@ py::object World() {
   if (!G().runtime) return py::none();
   const WorldInfo& w = G().runtime->world();
   return py::make_tuple(w.rank, w.size, w.local_rank, w.local_size, w.cross_rank, w.cross_size);
-}
-
-// Hands ops to the process's runtime (an error if hvd.init() has not run).
-Status SubmitToRuntime(std::vector<Submission> subs,
-                       std::vector<std::shared_ptr<HandleState>>* states) {
-  std::lock_guard<std::mutex> lock(G().mu);
-  if (!G().runtime) {
-    return Status::InvalidArgument(kNotInitialized);
-  }
-  if (ForkedChild()) return ForkedChildError();
-  Status st = G().runtime->Submit(std::move(subs), states);
-  G().wait_spin_us = G().runtime->spin_us();  // unset: 100 from the first CUDA tensor on
-  return st;
 }
 
 // A group's id: a hash of its members' names, so that it is the same on every rank
@@ -440,204 +423,6 @@ py::list WaitMany(const std::vector<int>& handles) {
   return out;
 }
 
-// DistributedOptimizer's gradient hooks in C++: a post hook on each parameter's
-// gradient accumulator submits the in-place allreduce of its .grad straight to the
-// runtime. With Compression.fp16/bf16 a CUDA gradient goes with its wire dtype, and
-// the GPU backend casts while it packs and unpacks; a CPU one is cast here first. It runs
-// on the autograd thread without Python or the GIL, so a backward pass bound by
-// the CPU that launches its kernels is not slowed by a Python call per gradient.
-// synchronize() collects the handles with Take() and starts, in Python, the
-// gradients the hooks left alone (no gradient this step, sparse, non-contiguous).
-//
-// Threading: hooks run on autograd threads, Take/Reset/InFlight on the Python
-// thread; one mutex guards the slots. The hooks hold the state weakly, so
-// destroying the GradHooks (the optimizer) detaches them.
-class GradHooks {
- public:
-  GradHooks(std::vector<at::Tensor> params, std::vector<std::string> names, int op,
-            double prescale, double postscale, int process_set_id, int passes_per_step,
-            const std::string& wire)
-      : state_(std::make_shared<State>()) {
-    if (params.size() != names.size()) throw py::value_error("GradHooks: one name per parameter");
-    State& s = *state_;
-    s.params = std::move(params);
-    s.names = std::move(names);
-    s.op = op;
-    s.prescale = prescale;
-    s.postscale = postscale;
-    s.process_set_id = process_set_id;
-    s.passes_per_step = passes_per_step;
-    if (wire == "float16") {
-      s.wire = at::kHalf;
-    } else if (wire == "bfloat16") {
-      s.wire = at::kBFloat16;
-    } else if (!wire.empty()) {
-      throw py::value_error("GradHooks: unknown wire dtype '" + wire + "'");
-    }
-    s.slots.resize(s.params.size());
-    for (size_t i = 0; i < s.params.size(); ++i) {
-      auto acc = torch::autograd::impl::grad_accumulator(s.params[i]);
-      if (!acc) throw py::value_error("GradHooks: parameter " + s.names[i] + " is not a leaf");
-      keys_.push_back(acc->add_post_hook(std::make_unique<Hook>(state_, i)));
-      accs_.push_back(std::move(acc));  // keeps the accumulator (and our hook) alive
-    }
-  }
-  ~GradHooks() {
-    for (size_t i = 0; i < accs_.size(); ++i) accs_[i]->del_post_hook(keys_[i]);
-  }
-
-  // [(parameter index, handle, the tensor reduced)] of the allreduces the hooks
-  // started since the last Reset(); the handles go to the handle table.
-  py::list Take() {
-    py::list out;
-    std::lock_guard<std::mutex> lock(state_->mu);
-    for (size_t i = 0; i < state_->slots.size(); ++i) {
-      Slot& slot = state_->slots[i];
-      if (!slot.handle) continue;
-      int h = G().handles.Add(std::move(slot.handle));
-      slot.handle = nullptr;
-      out.append(py::make_tuple(i, h, slot.wire_tensor));
-      slot.wire_tensor = at::Tensor();
-    }
-    return out;
-  }
-  // Forgets pass counts and started allreduces (after synchronize, or an elastic reset).
-  void Reset() {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    for (Slot& slot : state_->slots) slot = Slot();
-  }
-  bool InFlight() {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    for (const Slot& slot : state_->slots) {
-      if (slot.started) return true;
-    }
-    return false;
-  }
-  void SetPassesPerStep(int n) {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    state_->passes_per_step = n;
-  }
-
- private:
-  struct Slot {
-    int passes = 0;
-    bool started = false;                 // its allreduce was submitted this step
-    std::shared_ptr<HandleState> handle;  // until Take()
-    at::Tensor wire_tensor;
-  };
-  struct State {
-    std::vector<at::Tensor> params;
-    std::vector<std::string> names;
-    int op = 0;
-    double prescale = 1, postscale = 1;
-    int process_set_id = 0;
-    c10::optional<at::ScalarType> wire;
-    std::mutex mu;
-    int passes_per_step = 1;  // GUARDED_BY(mu)
-    std::vector<Slot> slots;  // GUARDED_BY(mu)
-
-    void Fire(size_t i) {
-      int extra_pass_of = 0;  // an extra backward pass: raise after unlocking mu
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        if (slots[i].started) {
-          extra_pass_of = passes_per_step;
-        } else {
-          Start(i);
-        }
-      }
-      if (extra_pass_of > 0) {
-        // As the Python hook: an AssertionError out of backward().
-        pybind11::gil_scoped_acquire gil;
-        PyErr_SetString(PyExc_AssertionError,
-                        ("Gradients were computed more than backward_passes_per_step (" +
-                         std::to_string(extra_pass_of) +
-                         ") times before optimizer.step() or synchronize(); raise "
-                         "backward_passes_per_step to accumulate gradients locally")
-                            .c_str());
-        ::python_error e;
-        e.persist();
-        throw e;
-      }
-    }
-    // Counts the pass and, on the last one, submits the allreduce. Holds mu.
-    void Start(size_t i) {
-      Slot& slot = slots[i];
-      const at::Tensor grad = params[i].grad();
-      if (++slot.passes < passes_per_step) return;
-      if (!grad.defined() || grad.layout() != at::kStrided || !grad.is_contiguous()) {
-        return;  // synchronize() starts it from Python
-      }
-      at::Tensor w = grad;
-      std::vector<Submission> subs(1);
-      Submission& sub = subs[0];
-      if (wire && at::isFloatingType(grad.scalar_type()) && grad.scalar_type() != *wire) {
-        if (grad.is_cuda()) {
-          sub.wire = *wire;  // the GPU backend casts while packing, off this thread
-        } else {
-          w = grad.to(*wire);
-        }
-      }
-      sub.process_set_id = process_set_id;
-      sub.request.type = OpType::kAllreduce;
-      sub.request.name = names[i];
-      sub.request.op = static_cast<ReduceOp>(op);
-      sub.request.prescale = prescale;
-      sub.request.postscale = postscale;
-      sub.input = w;
-      sub.output = w;
-      std::vector<std::shared_ptr<HandleState>> states;
-      Status st = SubmitToRuntime(std::move(subs), &states);
-      if (st.ok()) {
-        slot.handle = std::move(states[0]);
-      } else {  // raised by synchronize(), with the exception type of its code
-        slot.handle = std::make_shared<HandleState>();
-        slot.handle->Complete(st);
-      }
-      slot.started = true;
-      slot.wire_tensor = std::move(w);
-    }
-  };
-  struct Hook : torch::autograd::FunctionPostHook {
-    Hook(std::weak_ptr<State> state, size_t index) : state(std::move(state)), index(index) {}
-    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                              const torch::autograd::variable_list&) override {
-      if (auto s = state.lock()) s->Fire(index);
-      return outputs;
-    }
-    // Compiled autograd (torch._dynamo.compiled_autograd) runs no C++ hooks: it
-    // asks each for a Python callable to put in the graph it builds. Ours runs
-    // Fire() there; Dynamo cannot trace it, so the graph breaks and it runs as is,
-    // after the gradient was accumulated, as in the eager engine.
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
-    // (Older torch declares this hook method differently; there compiled autograd
-    // raises NotImplementedError, and HOROVOD_NATIVE_GRAD_HOOKS=0 is the way out.)
-    void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& args) const override {
-      py::gil_scoped_acquire gil;
-      std::weak_ptr<State> st = state;
-      const size_t i = index;
-      py::object fn = py::cpp_function([st, i](py::args) {
-        try {
-          if (auto s = st.lock()) s->Fire(i);
-        } catch (::python_error& e) {  // the extra-pass AssertionError
-          e.restore();
-          throw py::error_already_set();
-        }
-      });
-      args.add_post_hook(c10::SafePyObject(fn.release().ptr(), getPyInterpreter()));
-    }
-#endif
-    std::weak_ptr<State> state;
-    size_t index;
-  };
-  using AccPtr = decltype(torch::autograd::impl::grad_accumulator(
-      std::declval<const torch::autograd::Variable&>()));
-
-  std::shared_ptr<State> state_;
-  std::vector<AccPtr> accs_;
-  std::vector<uintptr_t> keys_;
-};
-
 py::list Knobs() {
   py::list out;
   Config d;
@@ -649,6 +434,22 @@ py::list Knobs() {
 }
 
 }  // namespace
+
+// Hands ops to the process's runtime (an error if hvd.init() has not run).
+Status SubmitToRuntime(std::vector<Submission> subs,
+                       std::vector<std::shared_ptr<HandleState>>* states) {
+  std::lock_guard<std::mutex> lock(G().mu);
+  if (!G().runtime) {
+    return Status::InvalidArgument(kNotInitialized);
+  }
+  if (ForkedChild()) return ForkedChildError();
+  Status st = G().runtime->Submit(std::move(subs), states);
+  G().wait_spin_us = G().runtime->spin_us();  // unset: 100 from the first CUDA tensor on
+  return st;
+}
+
+HandleTable& Handles() { return G().handles; }
+
 }  // namespace hvd
 
 PYBIND11_MODULE(_C, m) {

@@ -1,0 +1,199 @@
+// GradHooks: DistributedOptimizer's gradient hooks in C++ (see grad_hooks.h).
+#include "python/grad_hooks.h"
+
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/version.h>
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
+#include <torch/csrc/PyInterpreter.h>
+#include <torch/csrc/dynamo/compiled_autograd.h>
+#endif
+
+#include <mutex>
+
+#include "python/module_state.h"
+
+namespace py = pybind11;
+
+namespace hvd {
+
+struct GradHooks::State {
+  struct Slot {
+    int passes = 0;
+    bool started = false;                 // its allreduce was submitted this step
+    std::shared_ptr<HandleState> handle;  // until Take()
+    at::Tensor wire_tensor;
+  };
+
+  std::vector<at::Tensor> params;
+  std::vector<std::string> names;
+  int op = 0;
+  double prescale = 1, postscale = 1;
+  int process_set_id = 0;
+  c10::optional<at::ScalarType> wire;
+  std::mutex mu;
+  int passes_per_step = 1;  // GUARDED_BY(mu)
+  std::vector<Slot> slots;  // GUARDED_BY(mu)
+
+  void Fire(size_t i) {
+    int extra_pass_of = 0;  // an extra backward pass: raise after unlocking mu
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (slots[i].started) {
+        extra_pass_of = passes_per_step;
+      } else {
+        Start(i);
+      }
+    }
+    if (extra_pass_of > 0) {
+      // As the Python hook: an AssertionError out of backward().
+      pybind11::gil_scoped_acquire gil;
+      PyErr_SetString(PyExc_AssertionError,
+                      ("Gradients were computed more than backward_passes_per_step (" +
+                       std::to_string(extra_pass_of) +
+                       ") times before optimizer.step() or synchronize(); raise "
+                       "backward_passes_per_step to accumulate gradients locally")
+                          .c_str());
+      ::python_error e;
+      e.persist();
+      throw e;
+    }
+  }
+  // Counts the pass and, on the last one, submits the allreduce. Holds mu.
+  void Start(size_t i) {
+    Slot& slot = slots[i];
+    const at::Tensor grad = params[i].grad();
+    if (++slot.passes < passes_per_step) return;
+    if (!grad.defined() || grad.layout() != at::kStrided || !grad.is_contiguous()) {
+      return;  // synchronize() starts it from Python
+    }
+    at::Tensor w = grad;
+    std::vector<Submission> subs(1);
+    Submission& sub = subs[0];
+    if (wire && at::isFloatingType(grad.scalar_type()) && grad.scalar_type() != *wire) {
+      if (grad.is_cuda()) {
+        sub.wire = *wire;  // the GPU backend casts while packing, off this thread
+      } else {
+        w = grad.to(*wire);
+      }
+    }
+    sub.process_set_id = process_set_id;
+    sub.request.type = OpType::kAllreduce;
+    sub.request.name = names[i];
+    sub.request.op = static_cast<ReduceOp>(op);
+    sub.request.prescale = prescale;
+    sub.request.postscale = postscale;
+    sub.input = w;
+    sub.output = w;
+    std::vector<std::shared_ptr<HandleState>> states;
+    Status st = SubmitToRuntime(std::move(subs), &states);
+    if (st.ok()) {
+      slot.handle = std::move(states[0]);
+    } else {  // raised by synchronize(), with the exception type of its code
+      slot.handle = std::make_shared<HandleState>();
+      slot.handle->Complete(st);
+    }
+    slot.started = true;
+    slot.wire_tensor = std::move(w);
+  }
+};
+
+struct GradHooks::Hook : torch::autograd::FunctionPostHook {
+  Hook(std::weak_ptr<State> state, size_t index) : state(std::move(state)), index(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    if (auto s = state.lock()) s->Fire(index);
+    return outputs;
+  }
+  // Compiled autograd (torch._dynamo.compiled_autograd) runs no C++ hooks: it
+  // asks each for a Python callable to put in the graph it builds. Ours runs
+  // Fire() there; Dynamo cannot trace it, so the graph breaks and it runs as is,
+  // after the gradient was accumulated, as in the eager engine.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
+  // (Older torch declares this hook method differently; there compiled autograd
+  // raises NotImplementedError, and HOROVOD_NATIVE_GRAD_HOOKS=0 is the way out.)
+  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& args) const override {
+    py::gil_scoped_acquire gil;
+    std::weak_ptr<State> st = state;
+    const size_t i = index;
+    py::object fn = py::cpp_function([st, i](py::args) {
+      try {
+        if (auto s = st.lock()) s->Fire(i);
+      } catch (::python_error& e) {  // the extra-pass AssertionError
+        e.restore();
+        throw py::error_already_set();
+      }
+    });
+    args.add_post_hook(c10::SafePyObject(fn.release().ptr(), getPyInterpreter()));
+  }
+#endif
+  std::weak_ptr<State> state;
+  size_t index;
+};
+
+GradHooks::GradHooks(std::vector<at::Tensor> params, std::vector<std::string> names, int op,
+                     double prescale, double postscale, int process_set_id,
+                     int passes_per_step, const std::string& wire)
+    : state_(std::make_shared<State>()) {
+  if (params.size() != names.size()) throw py::value_error("GradHooks: one name per parameter");
+  State& s = *state_;
+  s.params = std::move(params);
+  s.names = std::move(names);
+  s.op = op;
+  s.prescale = prescale;
+  s.postscale = postscale;
+  s.process_set_id = process_set_id;
+  s.passes_per_step = passes_per_step;
+  if (wire == "float16") {
+    s.wire = at::kHalf;
+  } else if (wire == "bfloat16") {
+    s.wire = at::kBFloat16;
+  } else if (!wire.empty()) {
+    throw py::value_error("GradHooks: unknown wire dtype '" + wire + "'");
+  }
+  s.slots.resize(s.params.size());
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(s.params[i]);
+    if (!acc) throw py::value_error("GradHooks: parameter " + s.names[i] + " is not a leaf");
+    keys_.push_back(acc->add_post_hook(std::make_unique<Hook>(state_, i)));
+    accs_.push_back(std::move(acc));  // keeps the accumulator (and our hook) alive
+  }
+}
+
+GradHooks::~GradHooks() {
+  for (size_t i = 0; i < accs_.size(); ++i) accs_[i]->del_post_hook(keys_[i]);
+}
+
+py::list GradHooks::Take() {
+  py::list out;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  for (size_t i = 0; i < state_->slots.size(); ++i) {
+    State::Slot& slot = state_->slots[i];
+    if (!slot.handle) continue;
+    int h = Handles().Add(std::move(slot.handle));
+    slot.handle = nullptr;
+    out.append(py::make_tuple(i, h, slot.wire_tensor));
+    slot.wire_tensor = at::Tensor();
+  }
+  return out;
+}
+
+void GradHooks::Reset() {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  for (State::Slot& slot : state_->slots) slot = State::Slot();
+}
+
+bool GradHooks::InFlight() {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  for (const State::Slot& slot : state_->slots) {
+    if (slot.started) return true;
+  }
+  return false;
+}
+
+void GradHooks::SetPassesPerStep(int n) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->passes_per_step = n;
+}
+
+}  // namespace hvd
