@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Optional, Tuple
 
-from horovod_torch import _C
+from horovod_torch import _C, config
 from horovod_torch.exceptions import HorovodInternalError
 
 # Reduction ops (Horovod's numbering).
@@ -128,10 +128,7 @@ def _detect_world() -> dict:
 
 
 def _start_timeout() -> float:
-    try:
-        return float(os.environ.get("HOROVOD_START_TIMEOUT", "30"))
-    except ValueError:
-        return 30.0
+    return config.start_timeout_s(lenient=True)
 
 
 def _multi_host(world: dict) -> bool:

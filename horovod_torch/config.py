@@ -2,8 +2,9 @@
 (csrc/common/config.h, exposed as ``_C.knobs()``); the launcher's variables are
 listed here. ``python -m horovod_torch.config --markdown`` writes docs/config.md."""
 import argparse
+import os
 import sys
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple, TypeVar
 
 # Variables horovodrun sets for each worker (or the user sets without it).
 LAUNCHER_VARS: List[Tuple[str, str, str]] = [
@@ -91,6 +92,31 @@ KNOB_FLAGS: List[KnobFlag] = [
     KnobFlag(("--log-level",), "HOROVOD_LOG_LEVEL", str, "LEVEL"),
     KnobFlag(("--start-timeout",), "HOROVOD_START_TIMEOUT", int, "S"),
 ]
+
+
+# HOROVOD_START_TIMEOUT is an engine knob (csrc/common/config.h holds its default and
+# its line of docs/config.md), and the Python side reads it too, before or without the
+# engine: horovodrun's default for --start-timeout, the job-secret exchange of init(),
+# the store clients of elastic workers and of horovod_torch.runner.run's workers.
+START_TIMEOUT_ENV = "HOROVOD_START_TIMEOUT"
+DEFAULT_START_TIMEOUT_S = 30  # = start_timeout_s's default in csrc/common/config.h
+
+_T = TypeVar("_T", int, float)
+
+
+def start_timeout_s(parse: Callable[[str], _T] = float, lenient: bool = False) -> _T:
+    """Seconds to wait for the start and rendezvous: $HOROVOD_START_TIMEOUT parsed by
+    `parse`, or DEFAULT_START_TIMEOUT_S when unset or empty (as the engine reads it).
+    A value `parse` refuses raises its ValueError, or with `lenient` gives the default
+    (init() then reports the value when the engine reads its knobs)."""
+    value = os.environ.get(START_TIMEOUT_ENV)
+    if value:
+        try:
+            return parse(value)
+        except ValueError:
+            if not lenient:
+                raise
+    return parse(str(DEFAULT_START_TIMEOUT_S))
 
 
 def knob_flags(env: str) -> List[str]:

@@ -1,18 +1,8 @@
 """The worker's side of the elastic protocol with the driver (runner/elastic_driver.py).
 
-Store keys written by the driver (all under ``elastic/``):
-  ``gen``                       current generation number (bumped last, after the rest)
-  ``<gen>/assign/<worker_id>``  "rank,size,local_rank,local_size,cross_rank,cross_size"
-  ``<gen>/added``               "1" if that generation brought in new workers
-A worker not assigned in a new generation was removed from the job and exits.
-
-Written by workers:
-  ``commit``  "<n>[ <json of the state's integer attributes>]": the newest commit
-              every worker of the job had saved (rank 0 writes it at each
-              ``state.commit()``, after the commit's collective returned)
-  ``fatal``   a message: the job cannot go on (the committed state was lost); the
-              driver stops the job with status 1 when a worker exits non-zero and this
-              key is set
+The store keys both sides use, who writes and who reads each, and their values are
+listed in horovod_torch/elastic_keys.py. A worker not assigned in a new generation
+was removed from the job and exits.
 """
 import enum
 import json
@@ -22,6 +12,7 @@ import threading
 import time
 from typing import Dict, Optional, Tuple
 
+from horovod_torch import config, elastic_keys
 from horovod_torch.exceptions import HorovodInternalError
 
 _client = None
@@ -39,12 +30,12 @@ def _store():
         _client = _C.StoreClient(os.environ["HOROVOD_STORE_ADDR"],
                                  int(os.environ["HOROVOD_STORE_PORT"]),
                                  os.environ.get("HOROVOD_SECRET", ""),
-                                 float(os.environ.get("HOROVOD_START_TIMEOUT", "30")))
+                                 config.start_timeout_s())
     return _client
 
 
 def current_generation() -> int:
-    v = _store().get("elastic/gen", 0.0)
+    v = _store().get(elastic_keys.GEN_KEY, 0.0)
     return int(v) if v is not None else -1
 
 
@@ -57,12 +48,12 @@ def next_assignment(timeout_s: float) -> Tuple[dict, str]:
     if _gen < 0:
         # A new worker tells the driver it is here: the driver puts it in a
         # generation only now, and the running workers trained on meanwhile.
-        _store().set(READY_KEY.format(worker_id=worker_id), b"1")
+        _store().set(elastic_keys.ready_key(worker_id), b"1")
     deadline = time.monotonic() + timeout_s
     while True:
         gen = current_generation()
         if gen > _gen:
-            raw = _store().get(f"elastic/{gen}/assign/{worker_id}", 0.0)
+            raw = _store().get(elastic_keys.assign_key(gen, worker_id), 0.0)
             if raw is not None:
                 rank, size, lrank, lsize, crank, csize = (int(x) for x in raw.decode().split(","))
                 _gen = gen
@@ -71,7 +62,7 @@ def next_assignment(timeout_s: float) -> Tuple[dict, str]:
                              store_host=os.environ["HOROVOD_STORE_ADDR"],
                              store_port=int(os.environ["HOROVOD_STORE_PORT"]),
                              secret=os.environ.get("HOROVOD_SECRET", ""))
-                return world, f"elastic/{gen}"
+                return world, elastic_keys.rendezvous_prefix(gen)
             if _gen >= 0:
                 print(f"horovod_torch: worker {worker_id} is not part of generation {gen} "
                       "(its host was removed); exiting", file=sys.stderr, flush=True)
@@ -82,11 +73,6 @@ def next_assignment(timeout_s: float) -> Tuple[dict, str]:
                 f"no new generation of workers was formed within {timeout_s:.0f} s "
                 "(HOROVOD_ELASTIC_TIMEOUT); the driver may have given up")
         time.sleep(0.05)
-
-
-COMMIT_KEY = "elastic/commit"
-READY_KEY = "elastic/ready/{worker_id}"  # runner/elastic_driver.py reads it
-FATAL_KEY = "elastic/fatal"
 
 
 def current_generation_of_this_worker() -> int:
@@ -106,12 +92,12 @@ def publish_commit(commit: int, counters: Dict[str, int]) -> None:
     value = str(int(commit))
     if counters:
         value += " " + json.dumps(counters, separators=(",", ":"))
-    _store().set(COMMIT_KEY, value.encode())
+    _store().set(elastic_keys.COMMIT_KEY, value.encode())
 
 
 def last_commit() -> Tuple[int, Dict[str, int]]:
     """(number of the newest commit the job made, its counters); (0, {}) before any."""
-    raw = _store().get(COMMIT_KEY, 0.0) if _has_store() else None
+    raw = _store().get(elastic_keys.COMMIT_KEY, 0.0) if _has_store() else None
     if raw is None:
         return 0, {}
     num, _, counters = raw.decode().partition(" ")
@@ -127,7 +113,7 @@ def report_fatal(message: str) -> None:
     if not _has_store():
         return
     try:
-        _store().set(FATAL_KEY, message.encode())
+        _store().set(elastic_keys.FATAL_KEY, message.encode())
     except RuntimeError as exc:  # the driver is gone: nothing to tell
         print(f"horovod_torch: could not report to the driver: {exc}", file=sys.stderr,
               flush=True)
@@ -151,7 +137,8 @@ def poll_host_update() -> Optional[Tuple[int, HostUpdateResult]]:
     gen = current_generation()
     if gen <= _gen:
         return None
-    added = any(_store().get(f"elastic/{g}/added", 0.0) == b"1" for g in range(_gen + 1, gen + 1))
+    added = any(_store().get(elastic_keys.added_key(g), 0.0) == b"1"
+                for g in range(_gen + 1, gen + 1))
     return gen, (HostUpdateResult.added if added else HostUpdateResult.removed)
 
 

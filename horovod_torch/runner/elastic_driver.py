@@ -9,8 +9,9 @@ one machine; other hosts through the launcher's remote-exec command (ssh), like
 static jobs. A remote host that does not answer within the start timeout counts
 as a failed host. On any change (a worker failed, a host appeared or vanished) it forms a
 new *generation*: an ordered list of workers with ranks, written to the store under
-``elastic/`` (protocol: horovod_torch/elastic/worker.py). Survivors keep their
-relative order, so the new rank 0 is an old worker holding the training state.
+``elastic/`` (the keys: horovod_torch/elastic_keys.py; the worker's side:
+horovod_torch/elastic/worker.py). Survivors keep their relative order, so the new
+rank 0 is an old worker holding the training state.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from horovod_torch import config, elastic_keys
 from horovod_torch.runner import driver, hosts
 
 # Horovod's words at these events (users grep for them).
@@ -41,10 +43,6 @@ DISCOVERY_TIMEOUT_S = 30.0  # a run taking longer is killed (its whole process g
 REMOVED_GRACE_S = 30.0
 
 
-# A new worker writes this key when it reaches hvd.init() (elastic/worker.py).
-READY_KEY = "elastic/ready/{worker_id}"
-
-
 @dataclass
 class _Worker:
     worker_id: str
@@ -57,7 +55,7 @@ class _Worker:
     slot: Optional[hosts.SlotInfo] = None  # the place it was started for
     removed_at: Optional[float] = None
     done: bool = False
-    ready: bool = False  # it reached hvd.init() (elastic/worker.py READY_KEY)
+    ready: bool = False  # it reached hvd.init() (elastic_keys.ready_key)
 
 
 @dataclass
@@ -72,7 +70,7 @@ class ElasticOptions:
     cooldown: Optional[Tuple[float, float]] = None
     elastic_timeout: float = 600.0
     verbose: bool = False
-    start_timeout: float = 30.0
+    start_timeout: float = float(config.DEFAULT_START_TIMEOUT_S)
     # Instead of a discovery script: a function returning {host: slots} (raises on
     # failure), run in the background like the script (horovod_torch.ray: Ray's nodes).
     discover: Optional[Callable[[], Dict[str, int]]] = None
@@ -378,7 +376,7 @@ class ElasticDriver:
         any_now = False
         for w in self._live():
             if w.rank < 0 and not w.ready and \
-                    self._store.get(READY_KEY.format(worker_id=w.worker_id)) is not None:
+                    self._store.get(elastic_keys.ready_key(w.worker_id)) is not None:
                 w.ready = any_now = True
         return any_now
 
@@ -407,9 +405,9 @@ class ElasticDriver:
             w.rank = s.rank
             value = (f"{s.rank},{s.size},{s.local_rank},{s.local_size},{s.cross_rank},"
                      f"{s.cross_size}")
-            self._store.set(f"elastic/{self._gen}/assign/{w.worker_id}", value.encode())
-        self._store.set(f"elastic/{self._gen}/added", b"1" if added else b"0")
-        self._store.set("elastic/gen", str(self._gen).encode())
+            self._store.set(elastic_keys.assign_key(self._gen, w.worker_id), value.encode())
+        self._store.set(elastic_keys.added_key(self._gen), b"1" if added else b"0")
+        self._store.set(elastic_keys.GEN_KEY, str(self._gen).encode())
         if self._o.verbose or self._gen > 0:
             driver.log(f"generation {self._gen}: {len(live)} workers on "
                        f"{', '.join(f'{h}:{len(ws)}' for h, ws in per_host.items())}")
@@ -473,7 +471,7 @@ class ElasticDriver:
                 code = driver.exit_code(rc)
                 self._say(WORKER_EXIT_MESSAGE.format(rank=w.slot.rank if w.slot else w.rank,
                                                      code=code))
-                fatal = self._store.get("elastic/fatal")  # elastic/worker.py FATAL_KEY
+                fatal = self._store.get(elastic_keys.FATAL_KEY)
                 if fatal is not None:  # e.g. the committed state was lost: no retry helps
                     driver.log(f"worker {w.worker_id} (rank {w.rank}) exited with code "
                                f"{code}: {fatal.decode(errors='replace')}; stopping the job")
@@ -553,8 +551,8 @@ class ElasticDriver:
         if len(self._members) < 2 or self._gen < 1:
             return False  # generation 0: a worker that never called hvd.init() is done
         for w in finished:
-            if (w.worker_id in self._members and self._store.get(
-                    f"elastic/{self._gen}/addr/{self._members.index(w.worker_id)}") is None):
+            if (w.worker_id in self._members and self._store.get(elastic_keys.addr_key(
+                    self._gen, self._members.index(w.worker_id))) is None):
                 driver.log(f"worker {w.worker_id} finished the training before generation "
                            f"{self._gen} formed; stopping the workers that wait for it")
                 return True

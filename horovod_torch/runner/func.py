@@ -23,6 +23,7 @@ import sys
 import warnings
 from typing import Any, Callable, List, Optional, Sequence
 
+from horovod_torch import config
 from horovod_torch.runner import launch
 
 KEY_FUNC = "run_func/func"
@@ -210,5 +211,4 @@ def _raise_worker_error(error: dict, api: str = "horovod.runner.run") -> None:
 def _worker_store() -> Any:
     from horovod_torch import _C  # pylint: disable=import-outside-toplevel
     return _C.StoreClient(os.environ[ENV_ADDR], int(os.environ[ENV_PORT]),
-                          os.environ.get(ENV_SECRET, ""),
-                          float(os.environ.get("HOROVOD_START_TIMEOUT", "30")))
+                          os.environ.get(ENV_SECRET, ""), config.start_timeout_s())

@@ -39,7 +39,6 @@ from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 from horovod_torch import config
 from horovod_torch.runner import driver, hosts, network, remote
 
-DEFAULT_START_TIMEOUT_S = 30
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 # Defined by make_parser itself, with their own checks; listed in config.KNOB_FLAGS
 # for docs/config.md.
@@ -152,7 +151,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--start-timeout", dest="start_timeout", type=int, metavar="S",
         help="seconds workers wait for rendezvous (default: "
-             f"$HOROVOD_START_TIMEOUT or {DEFAULT_START_TIMEOUT_S})")
+             f"$HOROVOD_START_TIMEOUT or {config.DEFAULT_START_TIMEOUT_S})")
     parser.add_argument(
         "--network-interfaces", "--network-interface", "--nics", dest="nics",
         action=_NicsAction, metavar="IFACE[,IFACE]",
@@ -340,12 +339,11 @@ def parse_args(argv: Optional[Sequence[str]] = None,
 
 def _check_start_timeout(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.start_timeout is None:
-        env_value = os.environ.get("HOROVOD_START_TIMEOUT")
         try:
-            args.start_timeout = (int(env_value) if env_value
-                                  else DEFAULT_START_TIMEOUT_S)
+            args.start_timeout = config.start_timeout_s(int)  # --start-timeout is an int
         except ValueError:
-            parser.error(f"invalid HOROVOD_START_TIMEOUT: {env_value!r}")
+            parser.error(f"invalid HOROVOD_START_TIMEOUT: "
+                         f"{os.environ.get(config.START_TIMEOUT_ENV)!r}")
     if args.start_timeout <= 0:
         parser.error(f"start timeout must be > 0, got {args.start_timeout}")
 
