@@ -1,7 +1,10 @@
 // The Runtime: everything one initialised horovod_torch process owns — config,
 // store client, transport, controller, pending ops and the background thread
-// (DESIGN.md §3). The bindings hold at most one; shutdown() destroys it and a new
-// init() creates a fresh one.
+// (docs/design.md §3). The bindings hold at most one; shutdown() destroys it and a
+// new init() creates a fresh one. Its parts, one file each: runtime.cc (wiring and
+// the background loop), runtime_submit.cc (argument checks and the queue),
+// runtime_host.cc (CPU execution over the transport), runtime_process_sets.cc (the
+// process-set registry and each set's controller).
 //
 // Threading: Submit() and RequestShutdown() are called from Python threads; the
 // background thread runs Loop(), the only user of the transport and controller.
@@ -114,6 +117,7 @@ class Runtime {
   Status RunOne(ProcessSetState& ps, const Response& r, Entry& e);
   // kAddProcessSet / kRemoveProcessSet, run identically by every rank.
   Status ChangeProcessSets(const Response& r, Entry& e);
+  std::unique_ptr<Controller> NewController(Communicator* transport, const TunedParams& params);
   void FailAll(const Status& status);
   Status CheckLocal(const Submission& s, const std::vector<int>* set_ranks) const;
   // The stand-in a joined rank runs for a response it never submitted: zeros.

@@ -1,0 +1,103 @@
+// Runtime, process sets: the registry of process sets (add/remove, run identically
+// by every rank as ops of the global set) and the controller each set negotiates with.
+#include "core/runtime.h"
+
+#include <limits>
+
+#include "common/check.h"
+
+namespace hvd {
+namespace {
+
+StallOptions StallOptionsOf(const Config& config) {
+  if (config.stall_check_disable != 0) {
+    return StallOptions{std::numeric_limits<double>::infinity(), 0.0};
+  }
+  return StallOptions{config.stall_check_s, config.stall_shutdown_s};
+}
+
+}  // namespace
+
+// A controller for `transport`, configured as every process set's: cache, stall
+// options, steady exchange, the current tuned parameters, the coordinator's timeline.
+std::unique_ptr<Controller> Runtime::NewController(Communicator* transport,
+                                                   const TunedParams& params) {
+  auto c = std::make_unique<Controller>(
+      transport, static_cast<size_t>(std::max<int64_t>(0, config_.cache_capacity)),
+      StallOptionsOf(config_));
+  c->SetSteadyExchange(config_.steady_exchange != 0);
+  c->SetInitialParams(params);
+  if (world_.rank == 0) c->SetTimeline(&timeline_);
+  return c;
+}
+
+Status Runtime::ChangeProcessSets(const Response& r, Entry& e) {
+  if (r.type == OpType::kRemoveProcessSet) {
+    const int32_t id = r.root;
+    std::vector<Entry> orphans;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (set_ranks_.erase(id) == 0) {
+        e.handle->Complete(Status::InvalidArgument(
+            "remove_process_set: no process set with id " + std::to_string(id)));
+        return Status::Ok();
+      }
+      fresh_.erase(id);
+      for (auto it = pending_.begin(); it != pending_.end();) {
+        if (it->second.sub.process_set_id == id) {
+          orphans.push_back(std::move(it->second));
+          it = pending_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    sets_.erase(id);  // no-op on non-members
+    for (auto& o : orphans) {
+      o.handle->Complete(Status::InvalidArgument("process set " + std::to_string(id) +
+                                                 " was removed while this op was pending"));
+    }
+    e.handle->Complete(Status::Ok(), at::full({1}, id, at::kInt));
+    return Status::Ok();
+  }
+  std::vector<int> ranks(r.rank_rows.begin(), r.rank_rows.end());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& kv : set_ranks_) {
+      if (kv.second == ranks) {
+        e.handle->Complete(Status::InvalidArgument(
+            "add_process_set: process set " + std::to_string(kv.first) +
+            " already has exactly these ranks; use it, or remove it first"));
+        return Status::Ok();
+      }
+    }
+  }
+  const int32_t id = next_set_id_++;
+  std::unique_ptr<Communicator> view;
+  HVD_RETURN_IF_ERROR(transport_->Subset(ranks, &view));  // collective for MPI
+  if (view) {
+    auto ps = std::make_unique<ProcessSetState>();
+    ps->id = id;
+    ps->own_transport = std::move(view);
+    ps->transport = ps->own_transport.get();
+    ps->own_controller = NewController(ps->transport, controller_->params());
+    ps->controller = ps->own_controller.get();
+    ps->own_gpu = CreateGpuBackend(ps->transport, ps->transport->rank(), ps->transport->size(),
+                                   config_);
+    ps->gpu = ps->own_gpu.get();
+    sets_[id] = std::move(ps);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    set_ranks_[id] = ranks;
+  }
+  e.handle->Complete(Status::Ok(), at::full({1}, id, at::kInt));
+  return Status::Ok();
+}
+
+std::map<int32_t, std::vector<int>> Runtime::process_sets() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return set_ranks_;
+}
+
+}  // namespace hvd

@@ -1,0 +1,216 @@
+// Runtime, submission: the argument checks a caller's ops get before they are queued
+// (CheckLocal) and the queue the background loop takes them from (Submit).
+#include "core/runtime.h"
+
+#include <algorithm>
+
+#include "common/check.h"
+#include "common/logging.h"
+
+namespace hvd {
+namespace {
+
+bool ToDataType(at::ScalarType t, DataType* out) {
+  switch (t) {
+    case at::kByte: *out = DataType::kUInt8; return true;
+    case at::kChar: *out = DataType::kInt8; return true;
+    case at::kShort: *out = DataType::kInt16; return true;
+    case at::kInt: *out = DataType::kInt32; return true;
+    case at::kLong: *out = DataType::kInt64; return true;
+    case at::kHalf: *out = DataType::kFloat16; return true;
+    case at::kBFloat16: *out = DataType::kBFloat16; return true;
+    case at::kFloat: *out = DataType::kFloat32; return true;
+    case at::kDouble: *out = DataType::kFloat64; return true;
+    case at::kBool: *out = DataType::kBool; return true;
+    default: return false;
+  }
+}
+
+}  // namespace
+
+Status Runtime::CheckLocal(const Submission& s, const std::vector<int>* set_ranks) const {
+  const Request& r = s.request;
+  const char* op = OpTypeName(r.type);
+  if (set_ranks == nullptr) {
+    return Status::InvalidArgument(std::string(op) + " of '" + r.name + "': process set " +
+                                   std::to_string(s.process_set_id) +
+                                   " is not registered (removed, or never added on this rank)");
+  }
+  if (std::find(set_ranks->begin(), set_ranks->end(), world_.rank) == set_ranks->end()) {
+    return Status::InvalidArgument(std::string(op) + " of '" + r.name + "': rank " +
+                                   std::to_string(world_.rank) + " is not in process set " +
+                                   std::to_string(s.process_set_id) +
+                                   "; only its members may call collectives on it");
+  }
+  const int set_size = static_cast<int>(set_ranks->size());
+  const bool global_only = r.type == OpType::kJoin || r.type == OpType::kAddProcessSet ||
+                           r.type == OpType::kRemoveProcessSet;
+  if (global_only && s.process_set_id != 0) {
+    return Status::InvalidArgument(std::string(op) + " runs on the global process set only");
+  }
+  if (r.type == OpType::kAddProcessSet) {
+    if (r.splits.empty()) {
+      return Status::InvalidArgument("add_process_set: a process set needs at least one rank");
+    }
+    for (size_t i = 0; i < r.splits.size(); ++i) {
+      if (r.splits[i] < 0 || r.splits[i] >= world_.size || (i > 0 && r.splits[i] <= r.splits[i - 1])) {
+        return Status::InvalidArgument(
+            "add_process_set: ranks must be distinct and in [0, " + std::to_string(world_.size) +
+            "); got rank " + std::to_string(r.splits[i]));
+      }
+    }
+    return Status::Ok();
+  }
+  if (r.type == OpType::kRemoveProcessSet) {
+    if (r.root == 0) return Status::InvalidArgument("the global process set cannot be removed");
+    return Status::Ok();
+  }
+  if (r.type == OpType::kBarrier || r.type == OpType::kJoin) return Status::Ok();
+  if (!s.input.defined()) return Status::InvalidArgument(std::string(op) + ": tensor is undefined");
+  if (s.input.is_cuda() && gpu_ == nullptr) {
+    return Status::InvalidArgument(std::string(op) + " of '" + r.name + "': tensor is on " +
+                                   s.input.device().str() +
+                                   ", but this build of horovod_torch has no NCCL support; "
+                                   "move the tensor to the CPU or rebuild with CUDA and NCCL");
+  }
+  if (!s.input.is_cuda() && !s.input.device().is_cpu()) {
+    return Status::InvalidArgument(std::string(op) + " of '" + r.name + "': tensors on " +
+                                   s.input.device().str() + " are not supported");
+  }
+  if (s.output.defined() && s.output.device() != s.input.device()) {
+    return Status::InvalidArgument(std::string(op) + " of '" + r.name +
+                                   "': output and input are on different devices");
+  }
+  DataType dt;
+  if (!ToDataType(s.input.scalar_type(), &dt)) {
+    return Status::InvalidArgument(std::string(op) + " of '" + r.name + "': dtype " +
+                                   std::string(c10::toString(s.input.scalar_type())) +
+                                   " is not supported (use uint8, int8, int16, int32, int64, "
+                                   "float16, bfloat16, float32, float64 or bool)");
+  }
+  if (s.wire && (r.type != OpType::kAllreduce || !s.input.is_cuda() ||
+                 !at::isFloatingType(s.input.scalar_type()) || !at::isFloatingType(*s.wire))) {
+    return Status::InvalidArgument("internal: a wire dtype is for allreduces of CUDA "
+                                   "floating-point tensors only ('" + r.name + "')");
+  }
+  if (!s.input.is_contiguous() || (s.output.defined() && !s.output.is_contiguous())) {
+    return Status::InvalidArgument(std::string(op) + " of '" + r.name +
+                                   "': in-place ops need a contiguous tensor; call "
+                                   ".contiguous() first or use the out-of-place variant");
+  }
+  bool reduces = r.type == OpType::kAllreduce || r.type == OpType::kReducescatter;
+  if (reduces && static_cast<int>(r.op) > static_cast<int>(ReduceOp::kProduct)) {
+    return Status::InvalidArgument(std::string(op) + " of '" + r.name + "': op " +
+                                   std::to_string(static_cast<int>(r.op)) +
+                                   " is not a reduction op (Average, Sum, Min, Max, Product)");
+  }
+  if (reduces && r.op == ReduceOp::kAdasum) {
+    return Status::InvalidArgument(std::string(op) + " of '" + r.name +
+                                   "': op=Adasum is not supported by this engine yet; use Sum or "
+                                   "Average");
+  }
+  if (dt == DataType::kBool && (r.op == ReduceOp::kAverage || r.prescale != 1.0 ||
+                                r.postscale != 1.0) && reduces) {
+    return Status::InvalidArgument(std::string(op) + " of '" + r.name +
+                                   "': bool tensors cannot be averaged or scaled; use Sum (logical "
+                                   "or), Min or Max");
+  }
+  // An out-of-range root_rank is refused by the coordinator, on every rank: refusing
+  // it here would leave the ranks that gave a valid one waiting.
+  bool needs_rows = r.type == OpType::kAllgather || r.type == OpType::kAlltoall ||
+                    r.type == OpType::kReducescatter;
+  if (needs_rows && s.input.dim() == 0) {
+    return Status::InvalidArgument(std::string(op) + " of '" + r.name +
+                                   "': needs a tensor with at least one dimension");
+  }
+  if (r.type == OpType::kAlltoall) {
+    if (static_cast<int>(r.splits.size()) != set_size) {
+      return Status::InvalidArgument("alltoall of '" + r.name + "': splits has " +
+                                     std::to_string(r.splits.size()) +
+                                     " entries, but there are " + std::to_string(set_size) +
+                                     " ranks; give one count per rank");
+    }
+    int64_t sum = 0;
+    for (int64_t x : r.splits) {
+      if (x < 0) return Status::InvalidArgument("alltoall of '" + r.name + "': splits must be >= 0");
+      sum += x;
+    }
+    if (sum != s.input.size(0)) {
+      return Status::InvalidArgument("alltoall of '" + r.name + "': splits sum to " +
+                                     std::to_string(sum) + " but the first dimension is " +
+                                     std::to_string(s.input.size(0)));
+    }
+  }
+  return Status::Ok();
+}
+
+Status Runtime::Submit(std::vector<Submission> subs,
+                       std::vector<std::shared_ptr<HandleState>>* handles) {
+  std::map<int32_t, std::vector<int>> sets;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& s : subs) {
+      auto it = set_ranks_.find(s.process_set_id);
+      if (it != set_ranks_.end()) sets[s.process_set_id] = it->second;
+    }
+  }
+  for (auto& s : subs) {
+    Request& r = s.request;
+    if (s.process_set_id != subs[0].process_set_id) {
+      return Status::InvalidArgument("grouped ops must all use the same process set");
+    }
+    auto it = sets.find(s.process_set_id);
+    // Within a process set, ranks are numbered by position in its rank list.
+    const std::vector<int>* ranks = it == sets.end() ? nullptr : &it->second;
+    r.rank = 0;
+    if (ranks != nullptr) {
+      r.rank = static_cast<int32_t>(std::find(ranks->begin(), ranks->end(), world_.rank) -
+                                    ranks->begin());
+    }
+    if (s.input.defined()) {
+      ToDataType(s.wire.value_or(s.input.scalar_type()), &r.dtype);
+      r.shape.assign(s.input.sizes().begin(), s.input.sizes().end());
+      r.device = s.input.is_cuda() ? s.input.device().index() : -1;
+    }
+    HVD_RETURN_IF_ERROR(CheckLocal(s, ranks));
+  }
+  // Ready events are recorded on the caller's stream, before the op is queued.
+  std::vector<std::shared_ptr<GpuEvent>> ready(subs.size());
+  for (size_t i = 0; i < subs.size(); ++i) {
+    if (subs[i].input.defined() && subs[i].input.is_cuda()) {
+      gpu_seen_.store(true, std::memory_order_relaxed);  // spin from now on (spin_us())
+      ready[i] = gpu_->RecordReady(subs[i].input);
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!broken_.ok()) return broken_;
+  if (stopped_ || shutdown_requested_) {
+    return Status::Aborted("horovod_torch has been shut down; call hvd.init() again");
+  }
+  std::vector<std::string> names;
+  for (const auto& s : subs) names.push_back(s.request.name);
+  std::string taken;
+  if (!names_->Reserve(names, &taken)) {
+    return Status::InvalidArgument(
+        "a collective named '" + taken +
+        "' is already in flight (its handle has not been synchronized); wait for it "
+        "(hvd.synchronize) or give each concurrent op a unique name");
+  }
+  handles->clear();
+  for (const auto& s : subs) joined_ = joined_ || s.request.type == OpType::kJoin;
+  for (size_t i = 0; i < subs.size(); ++i) {
+    auto h = std::make_shared<HandleState>(waiters_, names_, subs[i].request.name);
+    handles->push_back(h);
+    fresh_[subs[i].process_set_id].push_back(subs[i].request);
+    std::string name = subs[i].request.name;
+    pending_.emplace(std::move(name), Entry{std::move(subs[i]), h, std::move(ready[i])});
+  }
+  has_fresh_.store(true, std::memory_order_release);
+  cv_.notify_one();
+  return Status::Ok();
+}
+
+// The background loop (DESIGN.md §3): sleep until work arrives or the cycle time
+// passes, negotiate, execute. Any transport error ends the loop and fails every
+// pending and future op; the sockets are shut so peers notice at once too.
+}  // namespace hvd
