@@ -229,4 +229,5 @@ def process_set():
         assert 0 < len(sharded[1].state) < len(plain[1].state) == 6, len(sharded[1].state)
     else:
         assert len(sharded[1].state) == 6  # outside the set: all of it, unsharded
+    hvd.barrier()  # rank 1 ends first: its shutdown would end the set's steps
     hvd.shutdown()
