@@ -345,15 +345,26 @@ def pack(state: Dict[int, Dict[str, Any]], device: torch.device) -> Dict[str, An
                 sizes[name] = off + v.numel()
             else:
                 values.setdefault(int(idx), {})[key] = _to_cpu(v)
-    flats = {name: _to_host(torch.cat(c)) for name, c in chunks.items()}
+    flats = {}
+    for name, tensors in chunks.items():  # copied tensor by tensor: no device-side copy
+        host = _host_empty(sizes[name], tensors[0].dtype, device)
+        off = 0
+        for t in tensors:
+            host[off:off + t.numel()].copy_(t, non_blocking=True)
+            off += t.numel()
+        flats[name] = host
     _host_copies_done(device)
     return {"meta": meta, "values": values, "flats": flats}
 
 
+def _host_empty(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.empty(numel, dtype=dtype, pin_memory=device.type == "cuda")
+
+
 def _to_host(t: torch.Tensor) -> torch.Tensor:
     if t.device.type != "cuda":
-        return t  # already a fresh copy (torch.cat)
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        return t  # already this process's own tensor
+    host = _host_empty(t.numel(), t.dtype, t.device).view(t.shape)
     host.copy_(t, non_blocking=True)
     return host
 
