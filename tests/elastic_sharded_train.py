@@ -5,7 +5,7 @@ size: at the end each rank compares the parameters and the consolidated optimize
 state with a single-process run of the same steps.
 
 Environment: STEPS, KILL_RANKS (comma-separated ranks that die together at
-KILL_STEP, once: marker file MARKER), STAGE (1 or 2), EDIT_STEP/EDIT_FILE/EDIT_TEXT
+KILL_STEP, once: marker file MARKER), STAGE (1 or 2), EDIT_STEP/EDIT_FILE/EDIT_TEXT/WAIT_SIZE
 (rank 0 rewrites the discovery file at that step to remove or add hosts)."""
 import os
 import time
@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 import horovod.torch as hvd
-from tests.workers import report_recovery_once
+from tests.workers import edit_hosts_and_wait, report_recovery_once
 
 STEPS = int(os.environ.get("STEPS", "40"))
 KILL_STEP = int(os.environ.get("KILL_STEP", "-1"))
@@ -60,9 +60,7 @@ def train(state):
             if hvd.rank() == max(KILL_RANKS):
                 os.rename(os.environ["MARKER"] + f".{hvd.rank()}", os.environ["MARKER"])
             os._exit(3)
-        if hvd.rank() == 0 and state.step == int(os.environ.get("EDIT_STEP", "-1")):
-            with open(os.environ["EDIT_FILE"], "w") as f:  # hosts removed or added
-                f.write(os.environ["EDIT_TEXT"].replace(";", "\n") + "\n")
+        edit_hosts_and_wait(state)
         opt.zero_grad()
         loss_of(state.model).backward()
         opt.step()

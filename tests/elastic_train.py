@@ -1,7 +1,7 @@
 """A small elastic training script used by test_elastic.py (run under horovodrun).
 
 Environment knobs: STEPS, KILL_RANK/KILL_STEP (that rank dies once at that step,
-marker file MARKER), EDIT_STEP/EDIT_FILE/EDIT_TEXT (rank 0 rewrites the discovery
+marker file MARKER), EDIT_STEP/EDIT_FILE/EDIT_TEXT/WAIT_SIZE (rank 0 rewrites the discovery
 file at that step, to add or remove hosts), LATE_INIT_S (a worker started after the
 kill waits that long before hvd.init(), as a slow start would)."""
 import os
@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 import horovod.torch as hvd
-from tests.workers import report_recovery_once
+from tests.workers import edit_hosts_and_wait, report_recovery_once
 
 if os.environ.get("LATE_INIT_S") and os.path.exists(os.environ.get("MARKER", "")):
     time.sleep(float(os.environ["LATE_INIT_S"]))
@@ -52,9 +52,7 @@ def train(state):
             with open(os.environ["MARKER"], "w") as f:
                 f.write(str(time.time()))
             os._exit(3)
-        if hvd.rank() == 0 and state.step == int(os.environ.get("EDIT_STEP", "-1")):
-            with open(os.environ["EDIT_FILE"], "w") as f:
-                f.write(os.environ["EDIT_TEXT"].replace(";", "\n") + "\n")
+        edit_hosts_and_wait(state)
         opt.zero_grad()
         loss = ((state.model(data[idx]) - target[idx]) ** 2).mean()
         loss.backward()

@@ -63,7 +63,7 @@ def test_survivor_trains_on_until_the_replacement_reaches_init(tmp_path):
 def test_host_added_joins_running_job(tmp_path):
     rc, out = _run(tmp_path, "localhost:1",
                    {"EDIT_STEP": "5", "EDIT_TEXT": "localhost:1;127.0.0.2:1", "STEPS": "60",
-                    "STEP_SLEEP": "0.05"},
+                    "STEP_SLEEP": "0.05", "WAIT_SIZE": "2"},
                    ["-np", "1", "--min-np", "1", "--max-np", "2"])
     assert rc == 0, out
     finals = _finals(out)
@@ -74,7 +74,7 @@ def test_host_added_joins_running_job(tmp_path):
 def test_host_removed_job_continues_without_sync(tmp_path):
     rc, out = _run(tmp_path, "localhost:1;127.0.0.2:1",
                    {"EDIT_STEP": "5", "EDIT_TEXT": "localhost:1", "STEPS": "40",
-                    "STEP_SLEEP": "0.05"},
+                    "STEP_SLEEP": "0.05", "WAIT_SIZE": "1"},
                    ["-np", "2", "--min-np", "1", "--max-np", "2"])
     assert rc == 0, out
     finals = _finals(out)

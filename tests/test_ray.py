@@ -184,14 +184,17 @@ def _wait_for(cond, timeout, what):
 
 
 def _recovery(logs, survivors, t_event):
-    """For each survivor: (last step done before t_event, step resumed from, first step
-    done after, seconds from t_event to that step)."""
+    """For each survivor, around its first reset after t_event: (last step done before
+    that reset, step resumed from, first step done after it, seconds from t_event to
+    that step). Steps done between t_event and the reset (the failure takes a moment
+    to reach the survivors) count as before it."""
     out = {}
     for name in survivors:
         rows = logs[name]
-        before = [r for r in rows if r[0] == "step" and r[4] <= t_event]
         resets = [r for r in rows if r[0] == "reset" and r[4] > t_event]
-        after = [r for r in rows if r[0] == "step" and r[4] > t_event]
+        t_reset = resets[0][4] if resets else t_event
+        before = [r for r in rows if r[0] == "step" and r[4] <= t_reset]
+        after = [r for r in rows if r[0] == "step" and r[4] > t_reset]
         out[name] = (before[-1][3], resets[0][3] if resets else None, after[0][3],
                      after[0][4] - t_event)
     return out

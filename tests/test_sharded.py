@@ -77,7 +77,7 @@ def test_a_removed_host_takes_no_state_with_it(tmp_path):
     removed worker's part of a sharded one must come back from its replica."""
     rc, out = _run(tmp_path, "localhost:2;127.0.0.2:1",
                    {"EDIT_STEP": "10", "EDIT_TEXT": "localhost:2", "STEPS": "60",
-                    "STEP_SLEEP": "0.04"},
+                    "STEP_SLEEP": "0.04", "WAIT_SIZE": "2"},
                    ["-np", "3", "--min-np", "2", "--max-np", "3"],
                    script=ELASTIC_SCRIPT, timeout=240)
     assert rc == 0, out
