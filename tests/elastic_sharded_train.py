@@ -5,8 +5,9 @@ size: at the end each rank compares the parameters and the consolidated optimize
 state with a single-process run of the same steps.
 
 Environment: STEPS, KILL_RANKS (comma-separated ranks that die together at
-KILL_STEP, once: marker file MARKER), STAGE (1 or 2), EDIT_STEP/EDIT_FILE/EDIT_TEXT/WAIT_SIZE
-(rank 0 rewrites the discovery file at that step to remove or add hosts)."""
+KILL_STEP, once: marker file MARKER), STAGE (1 or 2), EDIT_STEP/EDIT_FILE/EDIT_TEXT
+(rank 0 rewrites the discovery file at that step to remove or add hosts),
+WAIT_STEP/WAIT_SIZE (see tests.workers.edit_hosts_and_wait)."""
 import os
 import time
 

@@ -1,8 +1,9 @@
 """A small elastic training script used by test_elastic.py (run under horovodrun).
 
 Environment knobs: STEPS, KILL_RANK/KILL_STEP (that rank dies once at that step,
-marker file MARKER), EDIT_STEP/EDIT_FILE/EDIT_TEXT/WAIT_SIZE (rank 0 rewrites the discovery
-file at that step, to add or remove hosts), LATE_INIT_S (a worker started after the
+marker file MARKER), EDIT_STEP/EDIT_FILE/EDIT_TEXT (rank 0 rewrites the discovery
+file at that step, to add or remove hosts), WAIT_STEP/WAIT_SIZE (see
+tests.workers.edit_hosts_and_wait), LATE_INIT_S (a worker started after the
 kill waits that long before hvd.init(), as a slow start would)."""
 import os
 import time

@@ -30,7 +30,8 @@ def _finals(output):
 
 def test_worker_failure_restores_and_continues(tmp_path):
     rc, out = _run(tmp_path, "localhost:2", {"KILL_RANK": "1", "KILL_STEP": "15",
-                                             "STEPS": "150", "STEP_SLEEP": "0.05"},
+                                             "STEPS": "60", "STEP_SLEEP": "0.05",
+                                             "WAIT_STEP": "20", "WAIT_SIZE": "2"},
                    ["-np", "2", "--min-np", "1", "--max-np", "2",
                     "--blacklist-cooldown-range", "1", "2"])
     assert rc == 0, out
@@ -38,7 +39,7 @@ def test_worker_failure_restores_and_continues(tmp_path):
     # The survivor says which commit it goes back to, with the state's counters.
     assert re.search(r"lost a peer \(.*\); restoring commit \d+ \(.*step=\d+", out), out
     finals = _finals(out)
-    assert finals and all(f["step"] == "150" and f["same"] == "True" for f in finals), out
+    assert finals and all(f["step"] == "60" and f["same"] == "True" for f in finals), out
     assert any(f["size"] == "2" for f in finals), "the replacement worker did not join:\n" + out
     recovery = re.findall(r"RECOVERY rank=0 seconds=([\d.]+)", out)
     print(f"recovery from a worker's death to the next completed step: {recovery} s")

@@ -43,7 +43,8 @@ def test_sharded_state_survives_a_kill_and_a_rejoin_3_2_3(tmp_path, stage):
     state from the replica and reshard it; the replacement gets its part when it
     joins. Parameters and state end as a single process's after the same steps."""
     rc, out = _run(tmp_path, "localhost:3", {"KILL_RANKS": "1", "KILL_STEP": "10",
-                                             "STEPS": "160", "STEP_SLEEP": "0.04",
+                                             "STEPS": "60", "STEP_SLEEP": "0.04",
+                                             "WAIT_STEP": "15", "WAIT_SIZE": "3",
                                              "STAGE": stage},
                    ["-np", "3", "--min-np", "2", "--max-np", "3",
                     "--blacklist-cooldown-range", "1", "2"],
@@ -52,7 +53,7 @@ def test_sharded_state_survives_a_kill_and_a_rejoin_3_2_3(tmp_path, stage):
     finals = _finals(out)
     assert len(finals) == 3, out
     assert all(f["params_ok"] == "True" and f["state_ok"] == "True" for f in finals), out
-    assert all(f["step"] == "160" and f["size"] == "3" for f in finals), out
+    assert all(f["step"] == "60" and f["size"] == "3" for f in finals), out
     survivors = [f for f in finals if f["resets"].startswith("2")]
     assert len(survivors) == 2 and all(f["resets"] == "2,3" for f in survivors), out
     recovery = re.findall(r"RECOVERY rank=0 seconds=([\d.]+)", out)

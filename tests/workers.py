@@ -605,16 +605,16 @@ def report_recovery_once(resets, reported) -> None:
 
 def edit_hosts_and_wait(state) -> None:
     """For the elastic training scripts, at the top of each step: at EDIT_STEP rank 0
-    rewrites the discovery file (EDIT_FILE := EDIT_TEXT, ';' for newlines). From then
-    on, while the world is not yet WAIT_SIZE workers, every rank commits and waits
-    instead of training, so the job cannot finish before the change takes effect
-    however slowly a newcomer starts; after 120 s it trains on (and the test fails on
-    the world size it reports)."""
+    rewrites the discovery file (EDIT_FILE := EDIT_TEXT, ';' for newlines). From
+    WAIT_STEP on (default EDIT_STEP), while the world is not WAIT_SIZE workers, every
+    rank commits and waits instead of training, so the job cannot finish before a
+    host change or a replacement takes effect however slowly a newcomer starts; after
+    120 s it trains on (and the test fails on the world size it reports)."""
     edit = int(os.environ.get("EDIT_STEP", "-1"))
     if hvd.rank() == 0 and state.step == edit:
         with open(os.environ["EDIT_FILE"], "w") as f:
             f.write(os.environ["EDIT_TEXT"].replace(";", "\n") + "\n")
-    if "WAIT_SIZE" not in os.environ or edit < 0 or state.step < edit:
+    if "WAIT_SIZE" not in os.environ or state.step < int(os.environ.get("WAIT_STEP", edit)):
         return
     deadline = time.monotonic() + 120
     while hvd.size() != int(os.environ["WAIT_SIZE"]) and time.monotonic() < deadline:
