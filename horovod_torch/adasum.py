@@ -6,16 +6,10 @@ are averaged, orthogonal ones added. Ranks are combined pairwise in a binary tre
 from the same gathered inputs, so every rank gets bitwise the same result. This costs
 size() times the data of an allreduce; it makes Adasum available without MPI.
 """
-import itertools
-from typing import Dict
-
 import torch
 
 from horovod_torch.basics import size
-
-# Pseudo-handles (negative) of Adasum ops already computed at submission.
-_results: Dict[int, torch.Tensor] = {}
-_ids = itertools.count(1)
+from horovod_torch.handle import DoneHandle
 
 
 def check_size() -> None:
@@ -58,9 +52,7 @@ def adasum(tensor: torch.Tensor, name: str, prescale: float, postscale: float) -
 
 
 def submit(tensor: torch.Tensor, output: torch.Tensor, name: str, prescale: float,
-           postscale: float) -> int:
-    """Runs Adasum now and returns a pseudo-handle for synchronize()."""
+           postscale: float) -> DoneHandle:
+    """Runs Adasum now and returns a handle for synchronize()."""
     output.copy_(adasum(tensor, name, prescale, postscale))
-    h = -next(_ids)
-    _results[h] = output
-    return h
+    return DoneHandle(output)

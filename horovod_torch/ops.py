@@ -14,6 +14,7 @@ from horovod_torch import adasum as _adasum
 from horovod_torch.basics import (Adasum, Average, Max, Min, Product, Sum, raise_for_status,
                                   rank, size)
 from horovod_torch.compression import Compression
+from horovod_torch.handle import Handle
 
 _name_lock = threading.Lock()
 _counters: Dict[tuple, "itertools.count"] = {}
@@ -174,12 +175,10 @@ def _contig(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.is_contiguous() else tensor.contiguous()
 
 
-def poll(handle: int) -> bool:
+def poll(handle) -> bool:
     """True if the op behind `handle` has finished (synchronize() will not block)."""
-    if hasattr(handle, "synchronize"):  # sparse_allreduce_async's handle
-        return handle.poll() if hasattr(handle, "poll") else True
-    if handle in _adasum._results:
-        return True
+    if isinstance(handle, Handle):
+        return handle.poll()
     done = _C.poll(handle)
     if done is None:
         raise ValueError(f"unknown handle {handle}: it was already synchronized or never existed")
@@ -187,8 +186,6 @@ def poll(handle: int) -> bool:
 
 
 def _wait(handle: int):
-    if handle in _adasum._results:
-        return _adasum._results.pop(handle), None
     result = _C.wait(handle)
     if result is None:
         raise ValueError(f"unknown handle {handle}: it was already synchronized or never existed")
@@ -197,11 +194,11 @@ def _wait(handle: int):
     return output, splits
 
 
-def _wait_many(handles: List[int]) -> List[torch.Tensor]:
+def _wait_many(handles: list) -> List[torch.Tensor]:
     """The outputs of many async ops (not alltoall), as one wait: the core releases
     the GIL once and makes the caller's stream wait once per fused batch."""
-    if any(h in _adasum._results for h in handles):
-        return [_wait(h)[0] for h in handles]
+    if any(isinstance(h, Handle) for h in handles):
+        return [synchronize(h) for h in handles]
     outs = []
     for h, result in zip(handles, _C.wait_many(list(handles))):
         if result is None:
@@ -212,9 +209,9 @@ def _wait_many(handles: List[int]) -> List[torch.Tensor]:
     return outs
 
 
-def synchronize(handle: int):
+def synchronize(handle):
     """Waits for an async op; returns its output (alltoall: (output, received_splits))."""
-    if hasattr(handle, "synchronize"):  # sparse_allreduce_async's handle
+    if isinstance(handle, Handle):
         return handle.synchronize()
     output, splits = _wait(handle)
     if splits is not None:
@@ -316,7 +313,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
                     op, prescale_factor, postscale_factor, psid)
 
 
-class GroupHandle:
+class GroupHandle(Handle):
     """The one handle of a grouped op (as in Horovod): ``hvd.synchronize(handle)``
     returns the list of outputs and ``hvd.poll(handle)`` is True when all are done.
     It also iterates over the per-tensor handles."""

@@ -4,24 +4,24 @@ As in Horovod, a sparse tensor is reduced by allgathering every rank's indices a
 values (two allgathers; ranks may have different nnz) and building one sparse tensor
 from all of them; duplicate indices are summed when it is coalesced.
 
-Horovod returns a closure here; this build returns a :class:`SparseHandle`. Both
-collectives are submitted when ``sparse_allreduce_async`` is called; the handle's
-``synchronize()`` (or this module's ``synchronize(handle)``, or calling the handle, as
-Horovod's closure is called) waits for them and returns the result. The engine's
-``hvd.synchronize()`` / ``hvd.poll()`` accept only integer handles, so use one of
-those three with a SparseHandle.
+Horovod returns a closure here; this build returns a :class:`SparseHandle` (a
+:class:`horovod_torch.handle.Handle`). Both collectives are submitted when
+``sparse_allreduce_async`` is called; ``hvd.synchronize(handle)``, the handle's
+``synchronize()``, or calling the handle (as Horovod's closure is called) waits for
+them and returns the result, and ``hvd.poll(handle)`` tells whether that would block.
 """
 from typing import Optional
 
 import torch
 
 from horovod_torch.basics import Average, Sum
+from horovod_torch.handle import Handle
 from horovod_torch.ops import (_auto_name, _ps_id, _set_size, allgather_async,
                                global_process_set, poll as _poll)
 from horovod_torch.ops import synchronize as _synchronize
 
 
-class SparseHandle:
+class SparseHandle(Handle):
     """The pending result of :func:`sparse_allreduce_async`.
 
     ``synchronize()`` waits for the two allgathers and returns the reduced, coalesced
@@ -93,8 +93,5 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str] = None, op:
 
 
 def synchronize(handle):
-    """Waits for `handle`: a SparseHandle gives its sparse result; any other handle
-    goes to ``hvd.synchronize``."""
-    if isinstance(handle, SparseHandle):
-        return handle.synchronize()
+    """``hvd.synchronize``: a SparseHandle gives its sparse result."""
     return _synchronize(handle)

@@ -265,6 +265,17 @@ def adasum_checks():
         assert torch.allclose(got, closed, atol=1e-6)
     same = hvd.allreduce(torch.arange(4.0), op=hvd.Adasum, name="ada.same")
     assert torch.allclose(same, torch.arange(4.0)), same  # parallel vectors: the average
+    # An Adasum handle behaves as an engine handle: poll() True once done, the result
+    # given once, then the handle is unknown (it used to be a negative int).
+    h = hvd.allreduce_async(torch.arange(4.0), op=hvd.Adasum, name="ada.handle")
+    assert hvd.poll(h) and torch.allclose(hvd.synchronize(h), torch.arange(4.0))
+    expect_raises(ValueError, lambda: hvd.synchronize(h), "already synchronized")
+    expect_raises(ValueError, lambda: hvd.poll(h), "already synchronized")
+    group = hvd.grouped_allreduce_async([torch.ones(2), torch.arange(3.0)], op=hvd.Adasum,
+                                        name="ada.group")
+    assert hvd.poll(group)
+    outs = hvd.synchronize(group)
+    assert torch.allclose(outs[0], torch.ones(2)) and torch.allclose(outs[1], torch.arange(3.0))
     everyone = hvd.allgather(got.unsqueeze(0), name="ada.check")
     assert all(torch.equal(everyone[0], everyone[q]) for q in range(n))
     expect_raises(RuntimeError, lambda: hvd.reducescatter(torch.ones(4), op=hvd.Adasum),

@@ -221,8 +221,9 @@ def sparse() -> None:
             if op == hvd.Sum:
                 out = h.synchronize()
                 assert h.poll() and sparse_synchronize(h) is out and h() is out, what
+                assert hvd.poll(h) and hvd.synchronize(h) is out, what
             else:
-                out = sparse_synchronize(h)
+                out = hvd.synchronize(h)
             _check_sparse_result(out, tensors, op, n, what)
 
     # several in flight at once, unnamed, synchronized in reverse order
