@@ -74,7 +74,7 @@ class TestStatic:
     @pytest.fixture(scope="class")
     def executor(self, local_ray):
         """Three static workers (Counter executables), shared by the static tests."""
-        ex = RayExecutor(RayExecutor.create_settings(timeout_s=30), num_workers=NUM_CPUS,
+        ex = RayExecutor(RayExecutor.create_settings(timeout_s=120), num_workers=NUM_CPUS,
                          cpus_per_worker=1)
         ex.start(executable_cls=ray_workers.Counter, executable_args=[10])
         yield ex
@@ -204,7 +204,7 @@ def _recovery(logs, survivors, t_event):
 def test_elastic_actor_killed_survivors_continue_from_last_commit(local_ray, tmp_path):
     steps = 60
     settings = ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=3,
-                                                  timeout_s=30, elastic_timeout=60)
+                                                  timeout_s=120, elastic_timeout=120)
     ex = ElasticRayExecutor(settings, cpus_per_slot=1)
     ex.start()
     killed = {}
