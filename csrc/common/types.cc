@@ -214,6 +214,11 @@ void ReduceInto(void* dst, const void* src, size_t n, DataType dtype, ReduceOp o
   }
 }
 
+FoldedReduction FoldAverage(ReduceOp op, double prescale, double postscale, int size) {
+  if (op != ReduceOp::kAverage) return FoldedReduction{op, prescale, postscale};
+  return FoldedReduction{ReduceOp::kSum, prescale, postscale * (1.0 / size)};
+}
+
 void ScaleBuffer(void* buf, size_t n, DataType dtype, double factor) {
   if (factor == 1.0) return;
   switch (dtype) {

@@ -42,6 +42,15 @@ void ReduceInto(void* dst, const void* src, size_t count, DataType dtype, Reduce
 // buf[i] *= factor, computed in double (float for half types) and cast back.
 void ScaleBuffer(void* buf, size_t count, DataType dtype, double factor);
 
+// A reduction as every data plane runs it: Average is a Sum whose 1/size joins the
+// postscale. `pre` multiplies each rank's input, `post` the reduced result.
+struct FoldedReduction {
+  ReduceOp op;
+  double pre;
+  double post;
+};
+FoldedReduction FoldAverage(ReduceOp op, double prescale, double postscale, int size);
+
 float HalfToFloat(uint16_t h);
 uint16_t FloatToHalf(float f);
 float BFloat16ToFloat(uint16_t b);

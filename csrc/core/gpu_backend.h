@@ -1,8 +1,8 @@
-// The GPU data plane seen from the core: an interface with no CUDA or NCCL types,
-// so the core compiles the same with or without them (DESIGN.md §2). The one
-// implementation, csrc/nccl/, is compiled only when CUDA and NCCL are found; the
-// build then links csrc/nccl/registry.cc instead of csrc/core/no_gpu.cc, and
-// CreateGpuBackend() returns it.
+// The GPU data plane seen from the core: an Executor (core/executor.h) with no CUDA
+// or NCCL types, so the core compiles the same with or without them (docs/design.md
+// §2). The one implementation, csrc/nccl/, is compiled only when CUDA and NCCL are
+// found; the build then links csrc/nccl/registry.cc instead of csrc/core/no_gpu.cc,
+// and CreateGpuBackend() returns it.
 //
 // Threading: RecordReady() runs on the submitting Python thread; Execute() and
 // Abort() on the Runtime's background thread; GpuEvent methods on Python threads.
@@ -14,21 +14,19 @@
 #include <string>
 #include <vector>
 
-#include "common/config.h"
 #include "core/entry.h"
+#include "core/executor.h"
 #include "transport/transport.h"
 #include "wire/message.h"
 
 namespace hvd {
 
-class GpuBackend {
+// Execute() enqueues the batch on the backend's stream and completes the entries'
+// handles with a done event; it does not wait for the GPU.
+class GpuBackend : public Executor {
  public:
-  virtual ~GpuBackend() = default;
   // Marks "tensor is ready" on the caller's current CUDA stream.
   virtual std::shared_ptr<GpuEvent> RecordReady(const at::Tensor& tensor) = 0;
-  // Enqueues one (possibly fused) batch of responses on the backend's stream and
-  // completes the entries' handles with a done event; does not wait for the GPU.
-  virtual Status Execute(const std::vector<Response>& batch, std::vector<Entry>& entries) = 0;
   // True while a collective this backend enqueued is moving data on the GPU.
   virtual bool Busy() = 0;
   // Aborts communicators after a peer was lost, so no GPU work waits forever.
@@ -36,8 +34,7 @@ class GpuBackend {
 };
 
 // nullptr when this build has no GPU data plane.
-std::unique_ptr<GpuBackend> CreateGpuBackend(ControlPlane* control, int rank, int size,
-                                             const Config& config);
+std::unique_ptr<GpuBackend> CreateGpuBackend(ControlPlane* control, int rank, int size);
 // NCCL_VERSION_CODE the build used, or 0.
 int NcclVersionBuilt();
 

@@ -3,7 +3,7 @@
 
 namespace hvd {
 
-std::unique_ptr<GpuBackend> CreateGpuBackend(ControlPlane*, int, int, const Config&) {
+std::unique_ptr<GpuBackend> CreateGpuBackend(ControlPlane*, int, int) {
   return nullptr;
 }
 

@@ -1,8 +1,10 @@
 // Runtime: the wiring of the engine's parts and the background loop. Create() builds
-// the transport, the GPU backend and the controllers; Loop() negotiates each cycle
-// and hands the fused batches to Execute(), which sends each to the GPU backend, the
-// host executor (runtime_host.cc) or the process-set registry (runtime_process_sets.cc).
-// Submission (argument checks and the queue) is runtime_submit.cc.
+// the transport, the executors and the controllers; Loop() negotiates each cycle and
+// hands the fused batches to Execute(), which sends each to its process set's
+// executor (the GPU backend, or the host executor of host_executor.cc), runs a
+// control op itself, or passes a process-set change to the registry
+// (runtime_process_sets.cc). Submission (argument checks, the queue) is
+// runtime_submit.cc.
 #include "core/runtime.h"
 
 #include <pthread.h>
@@ -50,40 +52,30 @@ int AffinityCore(const std::string& spec, int local_rank) {
 }  // namespace
 
 Status Runtime::Create(const WorldInfo& world, const Config& config,
-                       std::unique_ptr<Runtime>* out) {
+                       std::unique_ptr<Communicator> transport, std::unique_ptr<Runtime>* out) {
   std::unique_ptr<Runtime> rt(new Runtime(world, config));
   // The coordinator's timeline file is opened first: a bad path fails init() on
   // rank 0 before any peer waits for it.
   if (world.rank == 0 && !config.timeline.empty() && config.timeline != "DYNAMIC") {
     HVD_RETURN_IF_ERROR(rt->timeline_.Start(config.timeline, config.timeline_mark_cycles != 0));
   }
-  TcpOptions opt;
-  opt.connect_timeout_s = config.start_timeout_s;
-  opt.io_timeout_s = config.tcp_timeout_s;
-  opt.small_allreduce_bytes = static_cast<size_t>(config.small_allreduce_bytes);
-  opt.ring_chunk_bytes = static_cast<size_t>(std::max<int64_t>(4096, config.ring_chunk_bytes));
-  opt.hierarchical_allreduce = static_cast<int>(config.hierarchical_allreduce);
-  opt.hierarchical_allgather = static_cast<int>(config.hierarchical_allgather);
-  opt.shm_control = static_cast<int>(config.shm_control);
-  opt.shm_threads = static_cast<int>(config.shm_threads);
-  opt.settings = config.ProtocolSettings();
-  if (world.size > 1 && !world.use_mpi) {
-    if (world.store_host.empty()) {
-      return Status::InvalidArgument(
-          "size > 1 but no rendezvous store address: start the job with horovodrun");
-    }
-    HVD_RETURN_IF_ERROR(StoreClient::Connect(world.store_host, world.store_port, world.secret,
-                                             config.start_timeout_s, &rt->store_));
-  }
-  if (world.use_mpi) {
-    HVD_RETURN_IF_ERROR(CreateMpiCommunicator(&rt->transport_));
+  if (transport) {
+    rt->world_.use_mpi = true;
+    rt->transport_ = std::move(transport);
   } else {
-    std::unique_ptr<TcpTransport> tcp;
-    HVD_RETURN_IF_ERROR(TcpTransport::Create(rt->store_.get(), world.prefix, world.rank,
-                                             world.size, world.secret, opt, &tcp));
-    rt->transport_ = std::move(tcp);
+    rt->world_.use_mpi = false;
+    if (world.size > 1) {
+      if (world.store_host.empty()) {
+        return Status::InvalidArgument(
+            "size > 1 but no rendezvous store address: start the job with horovodrun");
+      }
+      HVD_RETURN_IF_ERROR(StoreClient::Connect(world.store_host, world.store_port, world.secret,
+                                               config.start_timeout_s, &rt->store_));
+    }
+    HVD_RETURN_IF_ERROR(CreateTcpCommunicator(rt->store_.get(), world.prefix, world.rank,
+                                              world.size, world.secret, config, &rt->transport_));
   }
-  rt->gpu_ = CreateGpuBackend(rt->transport_.get(), world.rank, world.size, config);
+  rt->gpu_ = CreateGpuBackend(rt->transport_.get(), world.rank, world.size);
   TunedParams initial{config.fusion_threshold_bytes, config.wake_delay_us,
                       config.cache_capacity > 0};
   rt->controller_ = rt->NewController(rt->transport_.get(), initial);
@@ -91,6 +83,7 @@ Status Runtime::Create(const WorldInfo& world, const Config& config,
   global->transport = rt->transport_.get();
   global->controller = rt->controller_.get();
   global->gpu = rt->gpu_.get();
+  global->host = rt->NewHostExecutor(rt->transport_.get());
   rt->sets_[0] = std::move(global);
   std::vector<int> everyone(world.size);
   std::iota(everyone.begin(), everyone.end(), 0);
@@ -109,7 +102,7 @@ Status Runtime::Create(const WorldInfo& world, const Config& config,
     }
   }
   HVD_LOG(kInfo) << "rank " << world.rank << " of " << world.size << " ready: "
-                 << (world.use_mpi ? "MPI" : "TCP mesh")
+                 << (rt->world_.use_mpi ? "MPI" : "TCP mesh")
                  << (rt->gpu_ ? " and NCCL" : "") << ", fusion threshold "
                  << config.fusion_threshold_bytes << " bytes, response cache "
                  << config.cache_capacity << " entries"
@@ -310,8 +303,24 @@ void Runtime::HoldWhileGpuBusy(std::unique_lock<std::mutex>& lock) {
 }
 
 void Runtime::Trace(const std::vector<Response>& batch, const std::string& activity) {
-  if (!timeline_.active()) return;
-  for (const auto& r : batch) timeline_.Activity(r.name, activity);
+  TraceBatch(&timeline_, batch, activity);
+}
+
+std::unique_ptr<HostExecutor> Runtime::NewHostExecutor(Communicator* transport) {
+  return std::make_unique<HostExecutor>(transport, &fusion_buffer_,
+                                        world_.rank == 0 ? &timeline_ : nullptr);
+}
+
+void Runtime::CompleteControlOp(const Response& r, Entry& e) {
+  if (r.type == OpType::kJoin) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      joined_ = false;
+    }
+    e.handle->Complete(Status::Ok(), at::full({1}, r.root, at::kInt));  // the last rank to join
+    return;
+  }
+  e.handle->Complete(Status::Ok());  // kBarrier: negotiated means every rank is here
 }
 
 void Runtime::TraceEnd(const std::vector<Response>& batch) {
@@ -332,6 +341,22 @@ void Runtime::FailAll(const Status& status) {
   for (auto& kv : pending) kv.second.handle->Complete(status);
 }
 
+Entry Runtime::JoinedEntry(const Response& r) {
+  static const at::ScalarType kTypes[] = {at::kByte,     at::kChar,  at::kShort,
+                                          at::kInt,      at::kLong,  at::kHalf,
+                                          at::kBFloat16, at::kFloat, at::kDouble,
+                                          at::kBool};
+  auto options = at::TensorOptions().dtype(kTypes[static_cast<int>(r.dtype)]);
+  if (r.on_gpu) options = options.device(at::kCUDA);  // the current CUDA device
+  Entry e;
+  e.sub.request.name = r.name;
+  e.sub.input = at::zeros(r.shape, options);
+  e.sub.output = e.sub.input;
+  e.handle = std::make_shared<HandleState>();  // nobody waits for it
+  if (r.on_gpu) e.ready = gpu_->RecordReady(e.sub.input);
+  return e;
+}
+
 Status Runtime::Execute(ProcessSetState& ps, const std::vector<Response>& responses) {
   if (timeline_.active()) {
     for (const auto& r : responses) {
@@ -340,9 +365,9 @@ Status Runtime::Execute(ProcessSetState& ps, const std::vector<Response>& respon
       timeline_.Activity(r.name, "QUEUE");
     }
   }
+  const int64_t threshold = controller_->params().fusion_threshold_bytes;
   for (const auto& batch :
-       PlanFusion(responses, controller_->params().fusion_threshold_bytes,
-                  config_.disable_group_fusion != 0)) {
+       PlanFusion(responses, threshold, config_.disable_group_fusion != 0)) {
     std::vector<Entry> entries;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -389,17 +414,16 @@ Status Runtime::Execute(ProcessSetState& ps, const std::vector<Response>& respon
     }
     try {
       c10::InferenceMode inference_guard(any_inference);
-      if (first.on_gpu) {
-        Trace(rs, std::string("NCCL_") + OpTypeName(first.type));
-        st = ps.gpu->Execute(rs, entries);
-      } else if (first.type == OpType::kAllreduce) {
-        st = RunAllreduce(ps, rs, entries);
-      } else if (first.type == OpType::kAddProcessSet ||
-                 first.type == OpType::kRemoveProcessSet) {
+      if (first.type == OpType::kAddProcessSet || first.type == OpType::kRemoveProcessSet) {
         st = ChangeProcessSets(first, entries[0]);
-      } else {
+      } else if (first.type == OpType::kBarrier || first.type == OpType::kJoin) {
         Trace(rs, std::string(ps.transport->name()) + "_" + OpTypeName(first.type));
-        st = RunOne(ps, first, entries[0]);
+        CompleteControlOp(first, entries[0]);
+      } else if (first.on_gpu) {
+        Trace(rs, std::string("NCCL_") + OpTypeName(first.type));
+        st = ps.gpu->Execute(rs, entries, static_cast<size_t>(threshold));
+      } else {
+        st = ps.host->Execute(rs, entries, static_cast<size_t>(threshold));
       }
     } catch (const std::exception& e) {
       // A torch error on this thread: fail the ops (and the engine, as for any

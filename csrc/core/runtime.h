@@ -1,10 +1,11 @@
 // The Runtime: everything one initialised horovod_torch process owns — config,
 // store client, transport, controller, pending ops and the background thread
 // (docs/design.md §3). The bindings hold at most one; shutdown() destroys it and a
-// new init() creates a fresh one. Its parts, one file each: runtime.cc (wiring and
-// the background loop), runtime_submit.cc (argument checks and the queue),
-// runtime_host.cc (CPU execution over the transport), runtime_process_sets.cc (the
-// process-set registry and each set's controller).
+// new init() creates a fresh one. Its parts, one file each: runtime.cc (wiring, the
+// background loop and the control ops), runtime_submit.cc (argument checks and the
+// queue), runtime_process_sets.cc (the process-set registry and each set's
+// controller). Data ops go to an Executor (core/executor.h): the host executor
+// (host_executor.cc) or the GPU backend.
 //
 // Threading: Submit() and RequestShutdown() are called from Python threads; the
 // background thread runs Loop(), the only user of the transport and controller.
@@ -27,9 +28,10 @@
 #include "core/entry.h"
 #include "core/gpu_backend.h"
 #include "core/handles.h"
+#include "core/host_executor.h"
 #include "core/timeline.h"
 #include "rendezvous/store.h"
-#include "transport/tcp_transport.h"
+#include "transport/transport.h"
 
 namespace hvd {
 
@@ -44,13 +46,15 @@ struct WorldInfo {
   int store_port = 0;
   std::string secret;
   std::string prefix;  // rendezvous namespace, unique per init (e.g. "gen3")
-  bool use_mpi = false;  // the communicator MpiSetup prepared instead of the TCP mesh
+  bool use_mpi = false;  // set by Create: the communicator came from MpiSetup
 };
 
 class Runtime {
  public:
+  // `transport`: the world's communicator when the caller made it (MPI's, from
+  // MpiSetup); null: the TCP mesh, through the store `world` names.
   static Status Create(const WorldInfo& world, const Config& config,
-                       std::unique_ptr<Runtime>* out);
+                       std::unique_ptr<Communicator> transport, std::unique_ptr<Runtime>* out);
   // HOROVOD_SPIN_US, or when it is unset (-1), 100 once this process has submitted a
   // CUDA tensor and 0 before: spinning saves the thread wake-ups that dominate a
   // small GPU op's latency (docs/benchmarks.md), and CPU-only processes keep their
@@ -108,13 +112,15 @@ class Runtime {
     std::unique_ptr<Controller> own_controller;
     GpuBackend* gpu = nullptr;
     std::unique_ptr<GpuBackend> own_gpu;
+    std::unique_ptr<HostExecutor> host;  // CPU ops over `transport`
   };
   void Loop();
   void HoldWhileGpuBusy(std::unique_lock<std::mutex>& lock);
   Status Execute(ProcessSetState& ps, const std::vector<Response>& responses);
-  Status RunAllreduce(ProcessSetState& ps, const std::vector<Response>& batch,
-                      std::vector<Entry>& entries);
-  Status RunOne(ProcessSetState& ps, const Response& r, Entry& e);
+  // kBarrier and kJoin, the control ops that complete without moving data.
+  void CompleteControlOp(const Response& r, Entry& e);
+  // A host executor for `transport`, sharing this runtime's fusion buffer.
+  std::unique_ptr<HostExecutor> NewHostExecutor(Communicator* transport);
   // kAddProcessSet / kRemoveProcessSet, run identically by every rank.
   Status ChangeProcessSets(const Response& r, Entry& e);
   std::unique_ptr<Controller> NewController(Communicator* transport, const TunedParams& params);
@@ -139,7 +145,7 @@ class Runtime {
   std::unique_ptr<Communicator> transport_;  // the TCP mesh or MPI
   std::unique_ptr<Controller> controller_;
   std::unique_ptr<GpuBackend> gpu_;  // after transport_: destroyed before it
-  std::vector<char> fusion_buffer_;  // background thread only
+  std::vector<char> fusion_buffer_;  // background thread only: the host executors'
   Timeline timeline_;                // background thread only (coordinator)
   // Background thread only: the global set and the process sets this rank is in,
   // by id; cycles run in id order on every rank.

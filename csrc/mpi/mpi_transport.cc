@@ -29,7 +29,6 @@ constexpr int kNumTypes = 10;
 MPI_Datatype g_types[kNumTypes];
 MPI_Op g_ops[4];  // Sum, Min, Max, Product
 std::once_flag g_types_once;
-MPI_Comm g_prepared = MPI_COMM_NULL;  // from MpiSetup, for CreateMpiCommunicator
 bool g_we_initialized = false;
 
 DataType FromMpi(MPI_Datatype t) {
@@ -213,7 +212,7 @@ class MpiCommunicator : public Communicator {
 bool MpiBuilt() { return true; }
 
 Status MpiSetup(const std::vector<int>& ranks, int64_t fortran_handle, bool serialized,
-                MpiWorld* world) {
+                MpiWorld* world, std::unique_ptr<Communicator>* out) {
   int initialized = 0, provided = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
@@ -268,18 +267,8 @@ Status MpiSetup(const std::vector<int>& ranks, int64_t fortran_handle, bool seri
   MPI_Comm_size(cross, &w.cross_size);
   MPI_Comm_free(&local);
   MPI_Comm_free(&cross);
-  if (g_prepared != MPI_COMM_NULL) MPI_Comm_free(&g_prepared);
-  g_prepared = comm;
+  out->reset(new MpiCommunicator(comm));
   *world = w;
-  return Status::Ok();
-}
-
-Status CreateMpiCommunicator(std::unique_ptr<Communicator>* out) {
-  if (g_prepared == MPI_COMM_NULL) {
-    return Status::InvalidArgument("no MPI communicator was prepared (MpiSetup first)");
-  }
-  out->reset(new MpiCommunicator(g_prepared));
-  g_prepared = MPI_COMM_NULL;
   return Status::Ok();
 }
 

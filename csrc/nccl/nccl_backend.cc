@@ -139,12 +139,12 @@ int64_t RowBytes(const at::Tensor& t) {
 // prescale, or, for other types and ops, both factors.
 class FoldedOp {
  public:
-  FoldedOp(const Response& r, at::ScalarType t, ncclComm_t comm, int size)
-      : comm_(comm),
-        op_(NcclOp(r.op, t == at::kBool)),
-        pre_(r.prescale),
-        post_(r.postscale * (r.op == ReduceOp::kAverage ? 1.0 / size : 1.0)) {
-    const bool sum = r.op == ReduceOp::kSum || r.op == ReduceOp::kAverage;
+  FoldedOp(const Response& r, at::ScalarType t, ncclComm_t comm, int size) : comm_(comm) {
+    const FoldedReduction f = FoldAverage(r.op, r.prescale, r.postscale, size);
+    op_ = NcclOp(f.op, t == at::kBool);
+    pre_ = f.pre;
+    post_ = f.post;
+    const bool sum = f.op == ReduceOp::kSum;
     if (!sum || !at::isFloatingType(t)) return;
     if (r.op == ReduceOp::kAverage && r.prescale == 1.0 && r.postscale == 1.0 &&
         Exact(t, 1.0 / size)) {
@@ -287,7 +287,8 @@ Status NcclBackend::Ensure(int device, Device** out) {
   return Status::Ok();
 }
 
-Status NcclBackend::Execute(const std::vector<Response>& batch, std::vector<Entry>& entries) {
+Status NcclBackend::Execute(const std::vector<Response>& batch, std::vector<Entry>& entries,
+                            size_t fusion_bytes) {
   const int device = entries[0].sub.input.device().index();
   Device* d = nullptr;
   HVD_RETURN_IF_ERROR(Ensure(device, &d));
@@ -303,7 +304,7 @@ Status NcclBackend::Execute(const std::vector<Response>& batch, std::vector<Entr
   at::Tensor splits;
   switch (r.type) {
     case OpType::kAllreduce:
-      HVD_RETURN_IF_ERROR(Allreduce(*d, batch, entries));
+      HVD_RETURN_IF_ERROR(Allreduce(*d, batch, entries, fusion_bytes));
       for (size_t i = 0; i < entries.size(); ++i) outs[i] = entries[i].sub.output;
       break;
     case OpType::kAllgather:
@@ -352,7 +353,7 @@ Status NcclBackend::ReduceInPlace(Device& d, at::Tensor buf, const Response& r) 
 }
 
 Status NcclBackend::Allreduce(Device& d, const std::vector<Response>& batch,
-                              std::vector<Entry>& entries) {
+                              std::vector<Entry>& entries, size_t fusion_bytes) {
   const Response& r = batch[0];
   // The dtype on the wire: the tensor's own, or the one a compressor asked for.
   // It is the requests' dtype, so the same for the whole batch.
@@ -383,7 +384,7 @@ Status NcclBackend::Allreduce(Device& d, const std::vector<Response>& batch,
     flat_out.push_back(e.sub.output.view(-1));
     numels.push_back(e.sub.input.numel());
   }
-  size_t want = std::max<size_t>(bytes, static_cast<size_t>(config_.fusion_threshold_bytes));
+  size_t want = std::max<size_t>(bytes, fusion_bytes);
   if (!d.fusion.defined() || Bytes(d.fusion) < bytes) {
     d.fusion = at::empty({static_cast<int64_t>(want)},
                          entries[0].sub.input.options().dtype(at::kByte));

@@ -5,8 +5,9 @@
 //   response, so the creation is collective).
 // - One dedicated stream per device. Each op's stream waits on the tensor's ready
 //   event (recorded on the caller's stream at submission): no device-wide sync.
-// - Fusion buffer on the device, allocated once through PyTorch's caching
-//   allocator with the fusion threshold's size; packing is one batched cat kernel,
+// - Fusion buffer on the device, allocated through PyTorch's caching allocator
+//   with the fusion threshold in use (autotune's, when it runs) or the batch's
+//   size if larger, and again only when a batch outgrows it; packing is one cat kernel,
 //   unpacking one multi-tensor copy. For floating types the prescale and a plain
 //   Average are folded into NCCL's reduction (a pre-multiplied sum, ncclAvg); a
 //   postscale, and other types' factors, are one kernel over the fused buffer.
@@ -32,12 +33,13 @@ namespace hvd {
 
 class NcclBackend : public GpuBackend {
  public:
-  NcclBackend(ControlPlane* control, int rank, int size, const Config& config)
-      : control_(control), rank_(rank), size_(size), config_(config) {}
+  NcclBackend(ControlPlane* control, int rank, int size)
+      : control_(control), rank_(rank), size_(size) {}
   ~NcclBackend() override;
 
   std::shared_ptr<GpuEvent> RecordReady(const at::Tensor& tensor) override;
-  Status Execute(const std::vector<Response>& batch, std::vector<Entry>& entries) override;
+  Status Execute(const std::vector<Response>& batch, std::vector<Entry>& entries,
+                 size_t fusion_bytes) override;
   bool Busy() override;
   void Abort() override;
 
@@ -45,14 +47,15 @@ class NcclBackend : public GpuBackend {
   struct Device {
     ncclComm_t comm = nullptr;
     c10::optional<c10::cuda::CUDAStream> stream;
-    at::Tensor fusion;  // uint8, fusion_threshold bytes, allocated on first fused op
+    at::Tensor fusion;  // uint8, allocated on the first fused op
     // Ops on `stream` not known to be done, oldest first: an event recorded
     // when the op starts (inputs ready, the ops before it done), one when done.
     std::deque<std::pair<std::shared_ptr<GpuEvent>, std::shared_ptr<GpuEvent>>> in_flight;
   };
   Status Ensure(int device, Device** out);
   static void DropDone(Device& d);
-  Status Allreduce(Device& d, const std::vector<Response>& batch, std::vector<Entry>& entries);
+  Status Allreduce(Device& d, const std::vector<Response>& batch, std::vector<Entry>& entries,
+                   size_t fusion_bytes);
   Status Allgather(Device& d, const Response& r, Entry& e, at::Tensor* out);
   Status Broadcast(Device& d, const Response& r, Entry& e, at::Tensor* out);
   Status Alltoall(Device& d, const Response& r, Entry& e, at::Tensor* out, at::Tensor* splits);
@@ -63,7 +66,6 @@ class NcclBackend : public GpuBackend {
   ControlPlane* control_;  // borrowed from the Runtime
   int rank_;
   int size_;
-  Config config_;
   std::map<int, Device> devices_;  // background thread only
 };
 

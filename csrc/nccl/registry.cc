@@ -3,9 +3,8 @@
 
 namespace hvd {
 
-std::unique_ptr<GpuBackend> CreateGpuBackend(ControlPlane* control, int rank, int size,
-                                             const Config& config) {
-  return std::make_unique<NcclBackend>(control, rank, size, config);
+std::unique_ptr<GpuBackend> CreateGpuBackend(ControlPlane* control, int rank, int size) {
+  return std::make_unique<NcclBackend>(control, rank, size);
 }
 
 int NcclVersionBuilt() { return NCCL_VERSION_CODE; }

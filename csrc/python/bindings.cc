@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <limits>
@@ -76,27 +77,33 @@ double StallWarnSeconds(const Config& config) {
 
 py::tuple Err(const Status& s) { return py::make_tuple(static_cast<int>(s.code()), s.message()); }
 
-py::tuple Init(int rank, int size, int local_rank, int local_size, int cross_rank,
-               int cross_size, const std::string& store_host, int store_port,
-               const std::string& secret, const std::string& prefix) {
+// The one init() path. `make_world` runs under G().mu once no runtime is running,
+// and gives the world and, for MPI, its communicator (null: the TCP mesh).
+using WorldMaker =
+    std::function<Status(const Config&, WorldInfo*, std::unique_ptr<Communicator>*)>;
+
+py::tuple InitWith(const WorldMaker& make_world) {
   std::string env_error;
   Config config = Config::FromEnv(&env_error);
   SetLogLevel(config.log_level);
-  SetLogRank(rank);
+  SetLogHideTime(config.log_hide_time != 0);
   if (!env_error.empty()) {
     return Err(Status::InvalidArgument("bad environment setting: " + env_error));
   }
-  WorldInfo w{rank,       size,       local_rank, local_size, cross_rank,
-              cross_size, store_host, store_port, secret,     prefix};
-  SetLogHideTime(config.log_hide_time != 0);
-  std::unique_ptr<Runtime> rt;
   Status st;
   {
     py::gil_scoped_release nogil;
     std::lock_guard<std::mutex> lock(G().mu);
     DropStoppedRuntime();
     if (!G().runtime) {  // else already initialised: Ok
-      st = Runtime::Create(w, config, &rt);
+      WorldInfo w;
+      std::unique_ptr<Communicator> transport;
+      st = make_world(config, &w, &transport);
+      std::unique_ptr<Runtime> rt;
+      if (st.ok()) {
+        SetLogRank(w.rank);
+        st = Runtime::Create(w, config, std::move(transport), &rt);
+      }
       if (st.ok()) G().runtime = std::move(rt);
       if (G().runtime) G().wait_spin_us = G().runtime->spin_us();
       G().owner = getpid();
@@ -105,6 +112,37 @@ py::tuple Init(int rank, int size, int local_rank, int local_size, int cross_ran
     }
   }
   return Err(st);
+}
+
+// init() from the launcher's environment (horovodrun, elastic, torchrun, ...): the
+// TCP mesh through the rendezvous store.
+py::tuple Init(int rank, int size, int local_rank, int local_size, int cross_rank,
+               int cross_size, const std::string& store_host, int store_port,
+               const std::string& secret, const std::string& prefix) {
+  return InitWith([&](const Config&, WorldInfo* w, std::unique_ptr<Communicator>*) {
+    *w = WorldInfo{rank,       size,       local_rank, local_size, cross_rank,
+                   cross_size, store_host, store_port, secret,     prefix};
+    return Status::Ok();
+  });
+}
+
+// init() under the MPI controller: rank, size and the communicator come from MPI
+// (MPI_COMM_WORLD, the ranks given, or an mpi4py communicator's Fortran handle).
+py::tuple InitMpi(std::vector<int> ranks, int64_t fortran_handle) {
+  return InitWith([&](const Config& config, WorldInfo* w,
+                      std::unique_ptr<Communicator>* transport) {
+    MpiWorld m;
+    HVD_RETURN_IF_ERROR(
+        MpiSetup(ranks, fortran_handle, config.mpi_threads_disable != 0, &m, transport));
+    G().mpi_threads = m.threads_supported;
+    w->rank = m.rank;
+    w->size = m.size;
+    w->local_rank = m.local_rank;
+    w->local_size = m.local_size;
+    w->cross_rank = m.cross_rank;
+    w->cross_size = m.cross_size;
+    return Status::Ok();
+  });
 }
 
 void Shutdown() {
@@ -116,47 +154,6 @@ void Shutdown() {
     rt = std::move(G().runtime);
   }
   rt.reset();  // negotiated shutdown, joins the background thread
-}
-
-// init() under the MPI controller: rank, size and the communicator come from MPI
-// (MPI_COMM_WORLD, the ranks given, or an mpi4py communicator's Fortran handle).
-py::tuple InitMpi(std::vector<int> ranks, int64_t fortran_handle) {
-  std::string env_error;
-  Config config = Config::FromEnv(&env_error);
-  SetLogLevel(config.log_level);
-  SetLogHideTime(config.log_hide_time != 0);
-  if (!env_error.empty()) {
-    return Err(Status::InvalidArgument("bad environment setting: " + env_error));
-  }
-  Status st;
-  {
-    py::gil_scoped_release nogil;
-    std::lock_guard<std::mutex> lock(G().mu);
-    DropStoppedRuntime();
-    if (!G().runtime) {
-      MpiWorld m;
-      st = MpiSetup(ranks, fortran_handle, config.mpi_threads_disable != 0, &m);
-      if (st.ok()) {
-        SetLogRank(m.rank);
-        G().mpi_threads = m.threads_supported;
-        WorldInfo w;
-        w.rank = m.rank;
-        w.size = m.size;
-        w.local_rank = m.local_rank;
-        w.local_size = m.local_size;
-        w.cross_rank = m.cross_rank;
-        w.cross_size = m.cross_size;
-        w.use_mpi = true;
-        std::unique_ptr<Runtime> rt;
-        st = Runtime::Create(w, config, &rt);
-        if (st.ok()) G().runtime = std::move(rt);
-        if (G().runtime) G().wait_spin_us = G().runtime->spin_us();
-        G().owner = getpid();
-        G().stall_warn_s = StallWarnSeconds(config);
-      }
-    }
-  }
-  return Err(st);
 }
 
 // start_timeline / stop_timeline: (code, message) like init.

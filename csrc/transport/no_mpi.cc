@@ -5,14 +5,11 @@ namespace hvd {
 
 bool MpiBuilt() { return false; }
 
-Status MpiSetup(const std::vector<int>&, int64_t, bool, MpiWorld*) {
+Status MpiSetup(const std::vector<int>&, int64_t, bool, MpiWorld*,
+                std::unique_ptr<Communicator>*) {
   return Status::InvalidArgument(
       "this build of horovod_torch has no MPI support (mpicxx was not found when it was "
       "built); install MPI (e.g. libopenmpi-dev) and rebuild, or launch with horovodrun");
-}
-
-Status CreateMpiCommunicator(std::unique_ptr<Communicator>*) {
-  return MpiSetup({}, 0, false, nullptr);
 }
 
 }  // namespace hvd

@@ -297,6 +297,22 @@ TEST(Types, ScaleBufferIntegersTruncate) {
   CheckScaleInt<int16_t>(DataType::kInt16, {1000, -1000}, 3.0, {3000, -3000});
 }
 
+// Average is Sum with 1/size folded into the postscale; every other op keeps its
+// factors. The factor is postscale * (1/size), bit for bit what every data plane
+// computed before the fold was written once.
+TEST(Types, FoldAverage) {
+  FoldedReduction a = FoldAverage(ReduceOp::kAverage, 2.0, 0.5, 3);
+  EXPECT_EQ(a.op, ReduceOp::kSum);
+  EXPECT_EQ(a.pre, 2.0);
+  EXPECT_EQ(a.post, 0.5 * (1.0 / 3));
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
+    FoldedReduction f = FoldAverage(op, 3.0, 0.25, 4);
+    EXPECT_EQ(f.op, op);
+    EXPECT_EQ(f.pre, 3.0);
+    EXPECT_EQ(f.post, 0.25);
+  }
+}
+
 TEST(Types, ScaleBufferFloats) {
   std::vector<float> f = {1.0f, -3.0f, 0.1f, 1e30f};
   std::vector<float> fw;

@@ -1,12 +1,11 @@
-// Runtime, host executor: a fused batch of CPU ops run over the transport (TCP mesh,
-// shared memory or MPI): allreduce through the fusion buffer, the other collectives
-// one at a time, and the zeros a joined rank runs for ops it never submitted.
-#include "core/runtime.h"
+// The host executor (host_executor.h): CPU ops of one fused batch over the
+// transport. Allreduce goes through the fusion buffer; the other collectives run
+// one at a time.
+#include "core/host_executor.h"
 
 #include <cstring>
 
 #include "common/check.h"
-#include "common/logging.h"
 
 namespace hvd {
 namespace {
@@ -21,58 +20,53 @@ int64_t RowElems(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-Entry Runtime::JoinedEntry(const Response& r) {
-  static const at::ScalarType kTypes[] = {at::kByte,     at::kChar,  at::kShort,
-                                          at::kInt,      at::kLong,  at::kHalf,
-                                          at::kBFloat16, at::kFloat, at::kDouble,
-                                          at::kBool};
-  auto options = at::TensorOptions().dtype(kTypes[static_cast<int>(r.dtype)]);
-  if (r.on_gpu) options = options.device(at::kCUDA);  // the current CUDA device
-  Entry e;
-  e.sub.request.name = r.name;
-  e.sub.input = at::zeros(r.shape, options);
-  e.sub.output = e.sub.input;
-  e.handle = std::make_shared<HandleState>();  // nobody waits for it
-  if (r.on_gpu) e.ready = gpu_->RecordReady(e.sub.input);
-  return e;
+// The host buffer grows to the largest batch seen, not to the fusion threshold:
+// with many ranks per host, a threshold-sized buffer each would add up.
+char* HostExecutor::Buffer(size_t bytes) {
+  if (fusion_buffer_->size() < bytes) fusion_buffer_->resize(bytes);
+  return fusion_buffer_->data();
 }
 
-Status Runtime::RunAllreduce(ProcessSetState& ps, const std::vector<Response>& batch,
-                             std::vector<Entry>& entries) {
+Status HostExecutor::Execute(const std::vector<Response>& batch, std::vector<Entry>& entries,
+                             size_t /*fusion_bytes*/) {
   const Response& r = batch[0];
-  Communicator* transport = ps.transport;
-  const std::string coll = std::string(transport->name()) + "_ALLREDUCE";
-  ReduceOp op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
-  double post = r.postscale * (r.op == ReduceOp::kAverage ? 1.0 / transport->size() : 1.0);
+  if (r.type == OpType::kAllreduce) return Allreduce(batch, entries);
+  TraceBatch(timeline_, batch, std::string(transport_->name()) + "_" + OpTypeName(r.type));
+  return RunOne(r, entries[0]);
+}
+
+Status HostExecutor::Allreduce(const std::vector<Response>& batch, std::vector<Entry>& entries) {
+  const Response& r = batch[0];
+  const std::string coll = std::string(transport_->name()) + "_ALLREDUCE";
+  const FoldedReduction f = FoldAverage(r.op, r.prescale, r.postscale, transport_->size());
   if (entries.size() == 1) {
     Entry& e = entries[0];
     at::Tensor& out = e.sub.output;
     if (!out.is_same(e.sub.input)) out.copy_(e.sub.input);
     size_t count = static_cast<size_t>(out.numel());
-    ScaleBuffer(out.data_ptr(), count, r.dtype, r.prescale);
-    Trace(batch, coll);
-    HVD_RETURN_IF_ERROR(transport->Allreduce(out.data_ptr(), count, r.dtype, op));
-    ScaleBuffer(out.data_ptr(), count, r.dtype, post);
+    ScaleBuffer(out.data_ptr(), count, r.dtype, f.pre);
+    TraceBatch(timeline_, batch, coll);
+    HVD_RETURN_IF_ERROR(transport_->Allreduce(out.data_ptr(), count, r.dtype, f.op));
+    ScaleBuffer(out.data_ptr(), count, r.dtype, f.post);
     e.handle->Complete(Status::Ok(), out);
     return Status::Ok();
   }
   // Fused: pack every input into one buffer, reduce once, unpack.
   size_t total = 0;
   for (auto& e : entries) total += Bytes(e.sub.input);
-  if (fusion_buffer_.size() < total) fusion_buffer_.resize(total);
-  char* buf = fusion_buffer_.data();
+  char* buf = Buffer(total);
   size_t off = 0;
-  Trace(batch, "MEMCPY_IN_FUSION_BUFFER");
+  TraceBatch(timeline_, batch, "MEMCPY_IN_FUSION_BUFFER");
   for (auto& e : entries) {
     std::memcpy(buf + off, e.sub.input.data_ptr(), Bytes(e.sub.input));
     off += Bytes(e.sub.input);
   }
   size_t count = total / DataTypeSize(r.dtype);
-  ScaleBuffer(buf, count, r.dtype, r.prescale);
-  Trace(batch, coll);
-  HVD_RETURN_IF_ERROR(transport->Allreduce(buf, count, r.dtype, op));
-  ScaleBuffer(buf, count, r.dtype, post);
-  Trace(batch, "MEMCPY_OUT_FUSION_BUFFER");
+  ScaleBuffer(buf, count, r.dtype, f.pre);
+  TraceBatch(timeline_, batch, coll);
+  HVD_RETURN_IF_ERROR(transport_->Allreduce(buf, count, r.dtype, f.op));
+  ScaleBuffer(buf, count, r.dtype, f.post);
+  TraceBatch(timeline_, batch, "MEMCPY_OUT_FUSION_BUFFER");
   off = 0;
   for (auto& e : entries) {
     std::memcpy(e.sub.output.data_ptr(), buf + off, Bytes(e.sub.input));
@@ -82,31 +76,19 @@ Status Runtime::RunAllreduce(ProcessSetState& ps, const std::vector<Response>& b
   return Status::Ok();
 }
 
-Status Runtime::RunOne(ProcessSetState& ps, const Response& r, Entry& e) {
-  Communicator* transport = ps.transport;
+Status HostExecutor::RunOne(const Response& r, Entry& e) {
+  Communicator* transport = transport_;
   const int size = transport->size(), me = transport->rank();
   const at::Tensor& in = e.sub.input;
   const size_t esize = DataTypeSize(r.dtype);
   switch (r.type) {
     case OpType::kAllreduce:
-      HVD_CHECK(false && "allreduce goes through RunAllreduce");
-      break;
     case OpType::kBarrier:
-      e.handle->Complete(Status::Ok());
-      return Status::Ok();
+    case OpType::kJoin:
     case OpType::kAddProcessSet:
     case OpType::kRemoveProcessSet:
-      HVD_CHECK(false && "process set changes go through ChangeProcessSets");
-      break;
-    case OpType::kJoin: {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        joined_ = false;
-      }
-      at::Tensor last = at::full({1}, r.root, at::kInt);
-      e.handle->Complete(Status::Ok(), last);
-      return Status::Ok();
-    }
+      return Status::Aborted(std::string("internal: ") + OpTypeName(r.type) +
+                             " sent to the host executor's RunOne");
     case OpType::kBroadcast: {
       at::Tensor& out = e.sub.output;
       if (me == r.root && !out.is_same(in)) out.copy_(in);
@@ -157,14 +139,12 @@ Status Runtime::RunOne(ProcessSetState& ps, const Response& r, Entry& e) {
       std::vector<int64_t> shape = r.shape;
       shape[0] = dim0 / size + (me < dim0 % size ? 1 : 0);
       at::Tensor out = at::empty(shape, in.options());
-      if (fusion_buffer_.size() < Bytes(in)) fusion_buffer_.resize(Bytes(in));
-      char* buf = fusion_buffer_.data();
+      char* buf = Buffer(Bytes(in));
       std::memcpy(buf, in.data_ptr(), Bytes(in));
-      ReduceOp op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
-      double post = r.postscale * (r.op == ReduceOp::kAverage ? 1.0 / size : 1.0);
-      ScaleBuffer(buf, static_cast<size_t>(in.numel()), r.dtype, r.prescale);
-      HVD_RETURN_IF_ERROR(transport->Reducescatter(buf, counts, r.dtype, op, out.data_ptr()));
-      ScaleBuffer(out.data_ptr(), static_cast<size_t>(out.numel()), r.dtype, post);
+      const FoldedReduction f = FoldAverage(r.op, r.prescale, r.postscale, size);
+      ScaleBuffer(buf, static_cast<size_t>(in.numel()), r.dtype, f.pre);
+      HVD_RETURN_IF_ERROR(transport->Reducescatter(buf, counts, r.dtype, f.op, out.data_ptr()));
+      ScaleBuffer(out.data_ptr(), static_cast<size_t>(out.numel()), r.dtype, f.post);
       e.handle->Complete(Status::Ok(), out);
       return Status::Ok();
     }

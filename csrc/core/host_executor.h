@@ -1,0 +1,35 @@
+// The host executor: a fused batch of CPU ops run over one communicator (the TCP
+// mesh, shared memory or MPI). Allreduces are packed into the fusion buffer,
+// reduced once and unpacked; the other collectives run one at a time.
+//
+// Threading: the Runtime's background thread only.
+#pragma once
+
+#include <vector>
+
+#include "core/executor.h"
+#include "transport/transport.h"
+
+namespace hvd {
+
+class HostExecutor : public Executor {
+ public:
+  // `transport`, `fusion_buffer` and `timeline` (null: no spans) are borrowed; one
+  // fusion buffer serves every process set's executor.
+  HostExecutor(Communicator* transport, std::vector<char>* fusion_buffer, Timeline* timeline)
+      : transport_(transport), fusion_buffer_(fusion_buffer), timeline_(timeline) {}
+
+  Status Execute(const std::vector<Response>& batch, std::vector<Entry>& entries,
+                 size_t fusion_bytes) override;
+
+ private:
+  Status Allreduce(const std::vector<Response>& batch, std::vector<Entry>& entries);
+  Status RunOne(const Response& r, Entry& e);
+  char* Buffer(size_t bytes);
+
+  Communicator* transport_;
+  std::vector<char>* fusion_buffer_;
+  Timeline* timeline_;
+};
+
+}  // namespace hvd
