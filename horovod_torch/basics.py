@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Optional, Tuple
 
-from horovod_torch import _C, config
+from horovod_torch import _C, config, launch_env
 from horovod_torch.exceptions import HorovodInternalError
 
 # Reduction ops (Horovod's numbering).
@@ -26,6 +26,7 @@ _OK, _INVALID, _MISMATCH, _ABORTED = 0, 1, 2, 3
 _lock = threading.Lock()
 _init_counts: dict = {}  # rendezvous prefix -> static inits this process started under it
 _restart_barred: Optional[str] = None  # why init() may not start a new engine now
+_dynamic_process_sets = False  # init(process_sets="dynamic") was called in this process
 _atexit_registered = False
 
 
@@ -40,84 +41,31 @@ def raise_for_status(code: int, message: str) -> None:
     raise HorovodInternalError(message)
 
 
-def _env_int(*names: str, default: Optional[int] = None) -> Optional[int]:
-    for n in names:
-        v = os.environ.get(n)
-        if v not in (None, ""):
-            try:
-                return int(v)
-            except ValueError:
-                raise ValueError(f"environment variable {n}={v!r} is not an integer") from None
-    return default
-
-
 _store_server = None  # a store this process hosts (rank 0 under a foreign launcher)
 _derived_secret: Optional[str] = None  # the job secret when no launcher gave one (cached)
 _SECRET_KEY = "horovod_torch/job_secret"  # in torchrun's store, + restart count and port
 
 
-def _world_from_launcher() -> Optional[dict]:
-    """Rank and size from whichever launcher started us, in this order of precedence:
-    horovodrun (HOROVOD_RANK), OpenMPI's mpirun (OMPI_COMM_WORLD_RANK), torchrun
-    (RANK + WORLD_SIZE), SLURM's srun (SLURM_PROCID). None: no launcher."""
-    if os.environ.get("HOROVOD_RANK") not in (None, ""):
-        rank, size = _env_int("HOROVOD_RANK"), _env_int("HOROVOD_SIZE")
-        if size is None:
-            raise ValueError("HOROVOD_RANK is set but HOROVOD_SIZE is not")
-        return dict(launcher="horovodrun", rank=rank, size=size,
-                    local_rank=_env_int("HOROVOD_LOCAL_RANK", default=rank),
-                    local_size=_env_int("HOROVOD_LOCAL_SIZE", default=size),
-                    cross_rank=_env_int("HOROVOD_CROSS_RANK", default=0),
-                    cross_size=_env_int("HOROVOD_CROSS_SIZE", default=1))
-    if os.environ.get("OMPI_COMM_WORLD_RANK") not in (None, ""):
-        rank, size = _env_int("OMPI_COMM_WORLD_RANK"), _env_int("OMPI_COMM_WORLD_SIZE")
-        lsize = _env_int("OMPI_COMM_WORLD_LOCAL_SIZE", default=size)
-        return dict(launcher="mpirun", rank=rank, size=size,
-                    local_rank=_env_int("OMPI_COMM_WORLD_LOCAL_RANK", default=rank),
-                    local_size=lsize, cross_rank=rank // max(1, lsize),
-                    cross_size=max(1, size // max(1, lsize)))
-    if os.environ.get("RANK") not in (None, "") and os.environ.get("WORLD_SIZE"):
-        rank, size = _env_int("RANK"), _env_int("WORLD_SIZE")
-        lsize = _env_int("LOCAL_WORLD_SIZE", default=size)
-        return dict(launcher="torchrun", rank=rank, size=size,
-                    local_rank=_env_int("LOCAL_RANK", default=rank), local_size=lsize,
-                    cross_rank=_env_int("GROUP_RANK", default=rank // max(1, lsize)),
-                    cross_size=max(1, size // max(1, lsize)))
-    if os.environ.get("SLURM_PROCID") not in (None, ""):
-        rank, size = _env_int("SLURM_PROCID"), _env_int("SLURM_NTASKS", default=1)
-        nodes = _env_int("SLURM_NNODES", "SLURM_JOB_NUM_NODES", default=1)
-        lsize = max(1, size // max(1, nodes))
-        return dict(launcher="srun", rank=rank, size=size,
-                    local_rank=_env_int("SLURM_LOCALID", default=rank % lsize),
-                    local_size=lsize, cross_rank=_env_int("SLURM_NODEID", default=rank // lsize),
-                    cross_size=nodes)
-    return None
-
-
-def _detect_world() -> dict:
+def _detect_world(env: launch_env.LaunchEnv) -> dict:
     """The world and its rendezvous store (docs/launchers.md)."""
     global _store_server
-    world = _world_from_launcher()
-    if world is None:
+    if env.placement is None:
         return dict(rank=0, size=1, local_rank=0, local_size=1, cross_rank=0, cross_size=1,
                     store_host="", store_port=0, secret="")
-    launcher = world.pop("launcher")
+    launcher, world = env.placement.launcher, env.placement.world()
     if not 0 <= world["rank"] < world["size"]:
         raise ValueError(f"rank {world['rank']} is out of range for size {world['size']} "
                          f"(from {launcher})")
-    host = os.environ.get("HOROVOD_STORE_ADDR", "")
-    port = _env_int("HOROVOD_STORE_PORT", default=0)
-    secret = os.environ.get("HOROVOD_SECRET", "")
+    host, port, secret = env.store_host, env.store_port, env.secret
     if launcher != "horovodrun" and world["size"] > 1 and not host:
         # No horovodrun: rank 0 hosts the store next to torch's (MASTER_PORT + 1).
-        master = os.environ.get("MASTER_ADDR")
-        master_port = _env_int("MASTER_PORT")
+        master, master_port = env.master_addr, env.master_port
         if not master or master_port is None:
             raise ValueError(f"started by {launcher} without a rendezvous address: set "
                              "MASTER_ADDR and MASTER_PORT (rank 0's host and a free port), "
                              "or HOROVOD_STORE_ADDR and HOROVOD_STORE_PORT, or use horovodrun")
         host, port = master, master_port + 1
-        secret = secret or _job_secret(launcher, world, master, master_port)
+        secret = secret or _job_secret(env, world, master, master_port)
         if world["rank"] == 0 and _store_server is None:
             _store_server = _start_store(master, port, secret, world)
     if world["size"] > 1 and not host:
@@ -157,29 +105,29 @@ def _start_store(master: str, port: int, secret: str, world: dict):
             "store already running)") from exc
 
 
-def _job_secret(launcher: str, world: dict, master: str, master_port: int) -> str:
+def _job_secret(env: launch_env.LaunchEnv, world: dict, master: str, master_port: int) -> str:
     """The store's secret when neither horovodrun nor HOROVOD_SECRET gave one. It never
     comes from public values (docs/launchers.md): under torchrun rank 0 draws it and
     passes it through torchrun's own store; otherwise, on one host, through a file only
     this user can read; several hosts need HOROVOD_SECRET."""
     global _derived_secret
     if _derived_secret is None:
-        if launcher == "torchrun" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-            _derived_secret = _secret_through_torchrun(world["rank"], master, master_port)
+        if env.placement.launcher == "torchrun" and env.torchrun_agent_store:
+            _derived_secret = _secret_through_torchrun(world["rank"], master, master_port,
+                                                       env.torchrun_restart_count)
         else:
-            _derived_secret = _secret_through_file(launcher, world, master, master_port + 1)
+            _derived_secret = _secret_through_file(env, world, master, master_port + 1)
     return _derived_secret
 
 
-def _secret_through_torchrun(rank: int, master: str, master_port: int) -> str:
+def _secret_through_torchrun(rank: int, master: str, master_port: int, restart: str) -> str:
     """torchrun's agent serves a TCPStore at MASTER_ADDR:MASTER_PORT to its workers
     (TORCHELASTIC_USE_AGENT_STORE=True; torch/distributed/rendezvous.py connects to it as
     a client the same way). Rank 0 puts a fresh random value there, the others read it."""
     from datetime import timedelta  # pylint: disable=import-outside-toplevel
     import torch.distributed as dist  # pylint: disable=import-outside-toplevel
     timeout = _start_timeout()
-    key = "/".join((_SECRET_KEY, os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"),
-                    str(master_port + 1)))
+    key = "/".join((_SECRET_KEY, restart, str(master_port + 1)))
     try:
         store = dist.TCPStore(master, master_port, is_master=False,
                               timeout=timedelta(seconds=timeout))
@@ -211,11 +159,13 @@ def _private_dir() -> str:
     return path
 
 
-def _secret_through_file(launcher: str, world: dict, master: str, store_port: int) -> str:
+def _secret_through_file(env: launch_env.LaunchEnv, world: dict, master: str,
+                         store_port: int) -> str:
     """mpirun, srun, or RANK/WORLD_SIZE without torchrun: no store of the launcher's to
     pass a secret through. On one host rank 0 writes a random secret into a file in
     a directory only this user can read and the others read it; across hosts the
     secret must be given (HOROVOD_SECRET)."""
+    launcher = env.placement.launcher
     if _multi_host(world):
         raise ValueError(
             f"started by {launcher} on several hosts without a job secret: export "
@@ -223,9 +173,7 @@ def _secret_through_file(launcher: str, world: dict, master: str, store_port: in
             "HOROVOD_SECRET=$(python3 -c 'import secrets; print(secrets.token_hex(16))') "
             "(mpirun: add -x HOROVOD_SECRET; srun passes the environment on), or start the "
             "job with horovodrun or torchrun (docs/launchers.md)")
-    job = "|".join([launcher, master, str(store_port)] + [os.environ.get(k, "") for k in (
-        "SLURM_JOB_ID", "SLURM_STEP_ID", "OMPI_MCA_orte_ess_jobid", "OMPI_MCA_ess_base_jobid",
-        "PMIX_NAMESPACE")])
+    job = "|".join([launcher, master, str(store_port), *env.job_ids])
     path = os.path.join(_private_dir(), "secret-" + hashlib.sha256(job.encode()).hexdigest()[:32])
     if world["rank"] == 0:
         value = secrets.token_hex(16)
@@ -268,16 +216,16 @@ def _remove_quietly(path: str) -> None:
         pass
 
 
-def _use_mpi(comm) -> bool:
+def _use_mpi(env: launch_env.LaunchEnv, comm) -> bool:
     """The MPI controller runs when asked for (HOROVOD_CONTROLLER=mpi, init(comm=...)) or
     when mpirun started us and horovodrun did not; HOROVOD_CONTROLLER=gloo (or tcp)
     keeps the TCP transport under mpirun."""
-    controller = os.environ.get("HOROVOD_CONTROLLER", "").lower()
+    controller = env.controller
     if controller not in ("", "mpi", "gloo", "tcp"):
         raise ValueError(f"HOROVOD_CONTROLLER={controller!r} is not valid; use mpi or gloo")
     wanted = controller == "mpi" or comm is not None or (
-        controller == "" and "OMPI_COMM_WORLD_SIZE" in os.environ
-        and "HOROVOD_RANK" not in os.environ and _C.mpi_built())
+        controller == "" and env.mpirun_size is not None
+        and not env.under_horovodrun and _C.mpi_built())
     if wanted and not _C.mpi_built():
         raise ValueError("the MPI controller was requested (HOROVOD_CONTROLLER=mpi or "
                          "init(comm=...)), but this build of horovod_torch has no MPI; install "
@@ -307,10 +255,11 @@ def init(comm=None, process_sets=None) -> None:
     Without a launcher the process runs as a world of one. Calling init() again
     after shutdown() starts a fresh engine.
     """
-    global _atexit_registered
-    use_mpi = _use_mpi(comm)
+    global _atexit_registered, _dynamic_process_sets
+    env = launch_env.refresh()
+    use_mpi = _use_mpi(env, comm)
     if process_sets == "dynamic":  # Horovod's spelling for HOROVOD_DYNAMIC_PROCESS_SETS=1
-        os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"
+        _dynamic_process_sets = True  # for this process's later inits too (elastic resets)
         process_sets = None
     if process_sets is not None and not isinstance(process_sets, (list, tuple)):
         raise ValueError("process_sets must be a list of hvd.ProcessSet (or of rank lists), "
@@ -324,12 +273,11 @@ def init(comm=None, process_sets=None) -> None:
         if use_mpi:
             ranks, handle = _mpi_comm_arg(comm)
             code, message = _C.init_mpi(ranks, handle)
-        elif elastic_worker.is_elastic():
-            timeout = float(os.environ.get("HOROVOD_ELASTIC_TIMEOUT", "600"))
-            world, prefix = elastic_worker.next_assignment(timeout)
+        elif env.elastic:
+            world, prefix = elastic_worker.next_assignment(env)
         else:
-            world = _detect_world()
-            base = os.environ.get("HOROVOD_RENDEZVOUS_PREFIX", "job")
+            world = _detect_world(env)
+            base = env.rendezvous_prefix
             prefix = f"{base}/init{_init_counts.get(base, 0)}"
             _init_counts[base] = _init_counts.get(base, 0) + 1
         if not use_mpi:
@@ -347,8 +295,8 @@ def init(comm=None, process_sets=None) -> None:
             ops.reset_auto_names()
             ops._reset_process_sets()
     raise_for_status(code, message)
-    if use_mpi and comm is None and os.environ.get("OMPI_COMM_WORLD_SIZE", "").isdigit():
-        expected, actual = int(os.environ["OMPI_COMM_WORLD_SIZE"]), size()
+    if use_mpi and comm is None and env.mpirun_size is not None:
+        expected, actual = env.mpirun_size, size()
         if actual != expected:
             shutdown()
             raise ValueError(f"MPI reports {actual} process(es) but OMPI_COMM_WORLD_SIZE="
@@ -359,6 +307,12 @@ def init(comm=None, process_sets=None) -> None:
         from horovod_torch import ops
         for ps in process_sets:  # every rank registers the same sets in the same order
             ops._register(ps, static=True)
+
+
+def dynamic_process_sets() -> bool:
+    """Whether hvd.add_process_set / remove_process_set may run after init():
+    init(process_sets="dynamic") was called, or HOROVOD_DYNAMIC_PROCESS_SETS is set."""
+    return _dynamic_process_sets or launch_env.dynamic_process_sets()
 
 
 def shutdown() -> None:

@@ -2,14 +2,13 @@
 grouped, and autograd-aware versions. Every op is keyed by its name; unnamed ops get
 a generated name and are matched across ranks by submission order."""
 import itertools
-import os
 import threading
 import warnings
 from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from horovod_torch import _C
+from horovod_torch import _C, basics
 from horovod_torch import adasum as _adasum
 from horovod_torch.basics import (Adasum, Average, Max, Min, Product, Sum, raise_for_status,
                                   rank, size)
@@ -705,10 +704,6 @@ def join(device: int = -1) -> int:
 
 # ---------------------------------------------------------------- process sets
 
-def _dynamic_enabled() -> bool:
-    return os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS", "0") not in ("", "0", "false", "False")
-
-
 def _register(process_set, static: bool) -> ProcessSet:
     """Registers a set on every rank (a collective on the global set)."""
     if not isinstance(process_set, ProcessSet):
@@ -740,7 +735,7 @@ def add_process_set(process_set) -> ProcessSet:
     """Registers a process set (a ProcessSet or a list of ranks) after init; every rank
     must call it, in the same order. Needs HOROVOD_DYNAMIC_PROCESS_SETS=1. Returns the
     registered ProcessSet."""
-    if not _dynamic_enabled():
+    if not basics.dynamic_process_sets():
         raise ValueError("add_process_set() needs dynamic process sets: set "
                          "HOROVOD_DYNAMIC_PROCESS_SETS=1 for every worker, or pass the sets to "
                          "hvd.init(process_sets=[...])")
@@ -751,7 +746,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     """Removes a registered process set on every rank (all must call it); its ops still
     pending fail. Returns False for the global set or a set that is not registered.
     Needs HOROVOD_DYNAMIC_PROCESS_SETS=1."""
-    if not _dynamic_enabled():
+    if not basics.dynamic_process_sets():
         raise ValueError("remove_process_set() needs dynamic process sets: set "
                          "HOROVOD_DYNAMIC_PROCESS_SETS=1 for every worker")
     psid = process_set.process_set_id if isinstance(process_set, ProcessSet) else None

@@ -1,11 +1,10 @@
 """Elastic training: ``@hvd.elastic.run`` retries the training function across
 failures and host changes, with state kept in ``hvd.elastic.TorchState``."""
 import functools
-import os
 import sys
 from typing import Callable
 
-from horovod_torch import basics
+from horovod_torch import basics, launch_env
 from horovod_torch.basics import init, shutdown  # noqa: F401  (Horovod's module has them)
 from horovod_torch.elastic.sampler import ElasticSampler
 from horovod_torch.elastic.state import ObjectState, State, TorchState
@@ -37,7 +36,7 @@ def run_fn(func: Callable, reset: Callable[[], None]) -> Callable:
     """
     @functools.wraps(func)
     def wrapper(state: State, *args, **kwargs):
-        limit = int(os.environ.get("HOROVOD_ELASTIC_RESET_LIMIT", "0") or 0)
+        limit = launch_env.current().elastic_reset_limit
         resets = 0
         reset_required = False
         skip_sync = False

@@ -6,13 +6,12 @@ was removed from the job and exits.
 """
 import enum
 import json
-import os
 import sys
 import threading
 import time
 from typing import Dict, Optional, Tuple
 
-from horovod_torch import config, elastic_keys
+from horovod_torch import config, elastic_keys, launch_env
 from horovod_torch.exceptions import HorovodInternalError
 
 _client = None
@@ -20,16 +19,18 @@ _gen = -1  # generation of the last init of this process
 
 
 def is_elastic() -> bool:
-    return os.environ.get("HOROVOD_ELASTIC") == "1"
+    return launch_env.current().elastic
 
 
 def _store():
     global _client
     if _client is None:
         from horovod_torch import _C
-        _client = _C.StoreClient(os.environ["HOROVOD_STORE_ADDR"],
-                                 int(os.environ["HOROVOD_STORE_PORT"]),
-                                 os.environ.get("HOROVOD_SECRET", ""),
+        env = launch_env.current()
+        if not env.has_store:
+            raise RuntimeError("no rendezvous store: HOROVOD_STORE_ADDR/HOROVOD_STORE_PORT "
+                               "are not set (start the job with horovodrun)")
+        _client = _C.StoreClient(env.store_host, env.store_port, env.secret,
                                  config.start_timeout_s())
     return _client
 
@@ -39,12 +40,13 @@ def current_generation() -> int:
     return int(v) if v is not None else -1
 
 
-def next_assignment(timeout_s: float) -> Tuple[dict, str]:
-    """Waits for a generation newer than the one this process last used that
-    assigns this worker, and returns (world, rendezvous prefix). A worker that was
-    assigned before and is left out of a new generation was removed: it exits."""
+def next_assignment(env: launch_env.LaunchEnv) -> Tuple[dict, str]:
+    """Waits (up to HOROVOD_ELASTIC_TIMEOUT) for a generation newer than the one this
+    process last used that assigns this worker, and returns (world, rendezvous
+    prefix). A worker that was assigned before and is left out of a new generation
+    was removed: it exits."""
     global _gen
-    worker_id = os.environ["HOROVOD_ELASTIC_WORKER_ID"]
+    worker_id, timeout_s = env.elastic_worker_id, env.elastic_timeout_s
     if _gen < 0:
         # A new worker tells the driver it is here: the driver puts it in a
         # generation only now, and the running workers trained on meanwhile.
@@ -59,9 +61,8 @@ def next_assignment(timeout_s: float) -> Tuple[dict, str]:
                 _gen = gen
                 world = dict(rank=rank, size=size, local_rank=lrank, local_size=lsize,
                              cross_rank=crank, cross_size=csize,
-                             store_host=os.environ["HOROVOD_STORE_ADDR"],
-                             store_port=int(os.environ["HOROVOD_STORE_PORT"]),
-                             secret=os.environ.get("HOROVOD_SECRET", ""))
+                             store_host=env.store_host, store_port=env.store_port,
+                             secret=env.secret)
                 return world, elastic_keys.rendezvous_prefix(gen)
             if _gen >= 0:
                 print(f"horovod_torch: worker {worker_id} is not part of generation {gen} "
@@ -81,7 +82,7 @@ def current_generation_of_this_worker() -> int:
 
 
 def _has_store() -> bool:
-    return "HOROVOD_STORE_ADDR" in os.environ and "HOROVOD_STORE_PORT" in os.environ
+    return launch_env.current().has_store
 
 
 def publish_commit(commit: int, counters: Dict[str, int]) -> None:

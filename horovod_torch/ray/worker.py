@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import ray
 
-from horovod_torch import elastic_keys
+from horovod_torch import elastic_keys, launch_env
 
 REMOVED = "__horovod_torch_ray_removed__"  # run_elastic's value for a worker left out
 
@@ -164,7 +164,7 @@ def _last_rank(elastic_worker, default: int) -> int:
         if gen < 0:
             return default
         raw = elastic_worker._store().get(  # pylint: disable=protected-access
-            elastic_keys.assign_key(gen, os.environ["HOROVOD_ELASTIC_WORKER_ID"]), 0.0)
+            elastic_keys.assign_key(gen, launch_env.current().elastic_worker_id), 0.0)
         return int(raw.decode().split(",")[0]) if raw is not None else default
     except Exception:  # pylint: disable=broad-except
         traceback.print_exc()
