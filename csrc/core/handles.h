@@ -10,9 +10,7 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -20,6 +18,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "core/waiters.h"
 
 namespace hvd {
@@ -45,7 +44,7 @@ class NameReservations {
   // Takes every name (all or none); false, with the name in *taken, if one is held
   // or repeated.
   bool Reserve(const std::vector<std::string>& names, std::string* taken) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (size_t i = 0; i < names.size(); ++i) {
       bool dup = held_.count(names[i]) > 0;
       for (size_t j = 0; j < i && !dup; ++j) dup = names[j] == names[i];
@@ -58,13 +57,13 @@ class NameReservations {
     return true;
   }
   void Release(const std::string& name) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     held_.erase(name);
   }
 
  private:
-  std::mutex mu_;
-  std::unordered_set<std::string> held_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::unordered_set<std::string> held_ HVD_GUARDED_BY(mu_);
 };
 
 class HandleState {
@@ -86,7 +85,7 @@ class HandleState {
   void Complete(Status status, at::Tensor output = {}, at::Tensor splits = {},
                 std::shared_ptr<GpuEvent> event = nullptr) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (done_) return;
       status_ = std::move(status);
       output_ = std::move(output);
@@ -95,7 +94,7 @@ class HandleState {
       done_ = true;
       done_flag_.store(true, std::memory_order_release);
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
   // The op's name ("" for a handle made without one).
   const std::string& name() const { return name_; }
@@ -105,7 +104,7 @@ class HandleState {
   bool Poll() {
     std::shared_ptr<GpuEvent> event;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (!done_) return false;
       event = event_;
     }
@@ -126,8 +125,8 @@ class HandleState {
         std::this_thread::yield();
       }
     }
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, timeout, [this] { return done_; });
+    MutexLock lock(mu_);
+    return cv_.WaitFor(mu_, timeout, [this]() HVD_REQUIRES(mu_) { return done_; });
   }
   // Valid once Wait() returned true.
   const Status& status() const { return status_; }
@@ -136,11 +135,11 @@ class HandleState {
   const std::shared_ptr<GpuEvent>& event() const { return event_; }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;       // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_;
+  bool done_ HVD_GUARDED_BY(mu_) = false;
   std::atomic<bool> done_flag_{false};  // done_, readable without mu_ (Wait's spin)
-  Status status_;           // GUARDED_BY(mu_), immutable once done_
+  Status status_ HVD_GUARDED_BY(mu_);  // immutable once done_
   at::Tensor output_;
   at::Tensor splits_;
   std::shared_ptr<GpuEvent> event_;
@@ -153,25 +152,25 @@ class HandleState {
 class HandleTable {
  public:
   int Add(std::shared_ptr<HandleState> state) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     int h = next_++;
     table_[h] = std::move(state);
     return h;
   }
   std::shared_ptr<HandleState> Find(int handle) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = table_.find(handle);
     return it == table_.end() ? nullptr : it->second;
   }
   void Release(int handle) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     table_.erase(handle);
   }
 
  private:
-  std::mutex mu_;
-  int next_ = 1;                                                  // GUARDED_BY(mu_)
-  std::unordered_map<int, std::shared_ptr<HandleState>> table_;   // GUARDED_BY(mu_)
+  Mutex mu_;
+  int next_ HVD_GUARDED_BY(mu_) = 1;
+  std::unordered_map<int, std::shared_ptr<HandleState>> table_ HVD_GUARDED_BY(mu_);
 };
 
 }  // namespace hvd

@@ -87,19 +87,21 @@ Status Runtime::Create(const WorldInfo& world, const Config& config,
   rt->sets_[0] = std::move(global);
   std::vector<int> everyone(world.size);
   std::iota(everyone.begin(), everyone.end(), 0);
-  rt->set_ranks_[0] = everyone;
-  rt->params_snapshot_ = initial;
-  if (world.rank == 0) {
-    if (config.autotune != 0) {
-      AutotuneOptions o;
-      o.warmup_samples = static_cast<int>(config.autotune_warmup_samples);
-      o.steps_per_sample = static_cast<int>(config.autotune_steps_per_sample);
-      o.max_samples = static_cast<int>(config.autotune_bayes_opt_max_samples);
-      o.noise = config.autotune_gaussian_process_noise;
-      o.log_path = config.autotune_log;
-      rt->controller_->EnableAutotune(std::make_unique<Autotuner>(o, initial));
-      rt->autotune_done_ = false;
-    }
+  const bool autotune = world.rank == 0 && config.autotune != 0;
+  if (autotune) {
+    AutotuneOptions o;
+    o.warmup_samples = static_cast<int>(config.autotune_warmup_samples);
+    o.steps_per_sample = static_cast<int>(config.autotune_steps_per_sample);
+    o.max_samples = static_cast<int>(config.autotune_bayes_opt_max_samples);
+    o.noise = config.autotune_gaussian_process_noise;
+    o.log_path = config.autotune_log;
+    rt->controller_->EnableAutotune(std::make_unique<Autotuner>(o, initial));
+  }
+  {
+    MutexLock lock(rt->mu_);  // no other thread yet; the lock keeps the rule simple
+    rt->set_ranks_[0] = everyone;
+    rt->params_snapshot_ = initial;
+    if (autotune) rt->autotune_done_ = false;
   }
   HVD_LOG(kInfo) << "rank " << world.rank << " of " << world.size << " ready: "
                  << (rt->world_.use_mpi ? "MPI" : "TCP mesh")
@@ -135,14 +137,14 @@ Status Runtime::StopTimeline() { return ControlTimeline(TimelineCommand{}); }
 
 Status Runtime::ControlTimeline(TimelineCommand command) {
   if (world_.rank != 0) return Status::Ok();  // only the coordinator writes
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (stopped_ || shutdown_requested_) {
     return Status::Aborted("horovod_torch has been shut down; call hvd.init() again");
   }
   timeline_commands_.push_back(std::move(command));
   uint64_t seq = ++timeline_requested_;
-  cv_.notify_all();
-  timeline_cv_.wait(lock, [&] { return timeline_applied_ >= seq || stopped_; });
+  cv_.NotifyAll();
+  timeline_cv_.Wait(mu_, [&]() HVD_REQUIRES(mu_) { return timeline_applied_ >= seq || stopped_; });
   if (timeline_applied_ < seq) return Status::Aborted("horovod_torch stopped before the timeline "
                                                       "command ran");
   return timeline_status_;
@@ -159,25 +161,25 @@ void Runtime::ApplyTimelineCommands(std::vector<TimelineCommand> commands) {
     }
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     timeline_status_ = st;
     timeline_applied_ += commands.size();
   }
-  timeline_cv_.notify_all();
+  timeline_cv_.NotifyAll();
 }
 
 TunedParams Runtime::params(bool* autotune_done) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (autotune_done) *autotune_done = autotune_done_;
   return params_snapshot_;
 }
 
 void Runtime::Shutdown() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     shutdown_requested_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -201,17 +203,17 @@ void Runtime::Loop() {
       }
     }
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, cycle, [this] {
+      MutexLock lock(mu_);
+      cv_.WaitFor(mu_, cycle, [this]() HVD_REQUIRES(mu_) {
         return !fresh_.empty() || shutdown_requested_ || !timeline_commands_.empty();
       });
       if (!fresh_.empty() && wake_delay_us > 0) {
-        lock.unlock();
+        lock.Unlock();
         std::this_thread::sleep_for(
             std::chrono::microseconds(static_cast<int64_t>(wake_delay_us)));
-        lock.lock();
+        lock.Lock();
       }
-      if (config_.batch_while_busy != 0) HoldWhileGpuBusy(lock);
+      if (config_.batch_while_busy != 0) HoldWhileGpuBusy();
       fresh.swap(fresh_);
       has_fresh_.store(false, std::memory_order_release);
       want_shutdown = shutdown_requested_;
@@ -243,7 +245,7 @@ void Runtime::Loop() {
     if (!(controller_->params() == last_params) || controller_->autotune_done() != last_done) {
       last_params = controller_->params();
       last_done = controller_->autotune_done();
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       params_snapshot_ = last_params;
       autotune_done_ = last_done;
     }
@@ -274,8 +276,9 @@ void Runtime::Loop() {
 // stream of small collectives into a few large ones; where it is fast the stream
 // is idle, or waiting for the backward pass, when the next gradient arrives and
 // nothing waits. No hold while a caller waits for an op: it sends nothing more
-// meanwhile (docs/design.md §8). Called and returns with mu_ held.
-void Runtime::HoldWhileGpuBusy(std::unique_lock<std::mutex>& lock) {
+// meanwhile (docs/design.md §8). Called and returns with mu_ held (it lets go of
+// it while it naps).
+void Runtime::HoldWhileGpuBusy() {
   constexpr auto kMaxHold = std::chrono::milliseconds(10);
   const auto start = std::chrono::steady_clock::now();
   const int64_t threshold = controller_->params().fusion_threshold_bytes;
@@ -290,14 +293,14 @@ void Runtime::HoldWhileGpuBusy(std::unique_lock<std::mutex>& lock) {
       }
       gpus.push_back(it->second->gpu);
     }
-    lock.unlock();
+    mu_.unlock();
     bool busy = true;
     for (GpuBackend* g : gpus) busy = busy && g->Busy();
     // Nap rather than spin: each look at the GPU takes the driver's lock, which
     // the thread launching the backward pass's kernels needs. A caller that
     // starts waiting for its op ends the nap and the hold.
     if (busy) waiters_->Nap(std::chrono::microseconds(20));
-    lock.lock();
+    mu_.lock();
     if (!busy) return;
   }
 }
@@ -314,7 +317,7 @@ std::unique_ptr<HostExecutor> Runtime::NewHostExecutor(Communicator* transport) 
 void Runtime::CompleteControlOp(const Response& r, Entry& e) {
   if (r.type == OpType::kJoin) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       joined_ = false;
     }
     e.handle->Complete(Status::Ok(), at::full({1}, r.root, at::kInt));  // the last rank to join
@@ -331,13 +334,13 @@ void Runtime::TraceEnd(const std::vector<Response>& batch) {
 void Runtime::FailAll(const Status& status) {
   std::unordered_map<std::string, Entry> pending;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopped_ = true;
     if (!shutdown_requested_) broken_ = status;
     pending.swap(pending_);
     fresh_.clear();
   }
-  timeline_cv_.notify_all();
+  timeline_cv_.NotifyAll();
   for (auto& kv : pending) kv.second.handle->Complete(status);
 }
 
@@ -370,7 +373,7 @@ Status Runtime::Execute(ProcessSetState& ps, const std::vector<Response>& respon
        PlanFusion(responses, threshold, config_.disable_group_fusion != 0)) {
     std::vector<Entry> entries;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       for (size_t i : batch) {
         const Response& resp = responses[i];
         auto it = pending_.find(resp.name);

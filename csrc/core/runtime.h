@@ -14,16 +14,15 @@
 #include <ATen/ATen.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "common/config.h"
+#include "common/thread_annotations.h"
 #include "core/controller.h"
 #include "core/entry.h"
 #include "core/gpu_backend.h"
@@ -68,11 +67,11 @@ class Runtime {
   // A thread has waited a while for op `name` in the Python caller `site`
   // ("file:line"), until EndWait(): the coordinator's stall report says so.
   void NoteWait(const std::string& name, const std::string& site) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     waits_[name] = site;
   }
   void EndWait(const std::string& name) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     waits_.erase(name);
   }
   ~Runtime();
@@ -87,7 +86,7 @@ class Runtime {
   // True once the background loop has ended (shut down, or an error stopped it):
   // no op will run any more.
   bool stopped() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return stopped_;
   }
 
@@ -115,7 +114,7 @@ class Runtime {
     std::unique_ptr<HostExecutor> host;  // CPU ops over `transport`
   };
   void Loop();
-  void HoldWhileGpuBusy(std::unique_lock<std::mutex>& lock);
+  void HoldWhileGpuBusy() HVD_REQUIRES(mu_);
   Status Execute(ProcessSetState& ps, const std::vector<Response>& responses);
   // kBarrier and kJoin, the control ops that complete without moving data.
   void CompleteControlOp(const Response& r, Entry& e);
@@ -153,29 +152,29 @@ class Runtime {
   int32_t next_set_id_ = 1;  // background thread only; same on every rank
   std::thread thread_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<int32_t, std::vector<Request>> fresh_;    // GUARDED_BY(mu_), by process set
-  std::map<int32_t, std::vector<int>> set_ranks_;    // GUARDED_BY(mu_): registered sets
+  Mutex mu_;
+  CondVar cv_;
+  std::map<int32_t, std::vector<Request>> fresh_ HVD_GUARDED_BY(mu_);  // by process set
+  std::map<int32_t, std::vector<int>> set_ranks_ HVD_GUARDED_BY(mu_);  // registered sets
   std::atomic<bool> has_fresh_{false};               // hint for the spinning loop
   std::atomic<bool> gpu_seen_{false};                // a CUDA tensor was submitted
   // Callers blocked waiting for their ops; shared with their handles.
   const std::shared_ptr<Waiters> waiters_ = std::make_shared<Waiters>();
   // Names of ops whose handles are held; shared with the handles, which release them.
   const std::shared_ptr<NameReservations> names_ = std::make_shared<NameReservations>();
-  std::unordered_map<std::string, Entry> pending_;   // GUARDED_BY(mu_)
-  std::map<std::string, std::string> waits_;         // GUARDED_BY(mu_) name -> caller
-  bool shutdown_requested_ = false;                  // GUARDED_BY(mu_)
-  bool joined_ = false;  // GUARDED_BY(mu_): hvd.join() pending; zeros stand in for ops
-  bool stopped_ = false;                             // GUARDED_BY(mu_)
-  Status broken_;                                    // GUARDED_BY(mu_)
-  std::vector<TimelineCommand> timeline_commands_;   // GUARDED_BY(mu_)
-  uint64_t timeline_requested_ = 0;                  // GUARDED_BY(mu_)
-  uint64_t timeline_applied_ = 0;                    // GUARDED_BY(mu_)
-  Status timeline_status_;                           // GUARDED_BY(mu_)
-  std::condition_variable timeline_cv_;
-  TunedParams params_snapshot_;                      // GUARDED_BY(mu_)
-  bool autotune_done_ = true;                        // GUARDED_BY(mu_)
+  std::unordered_map<std::string, Entry> pending_ HVD_GUARDED_BY(mu_);
+  std::map<std::string, std::string> waits_ HVD_GUARDED_BY(mu_);  // name -> caller
+  bool shutdown_requested_ HVD_GUARDED_BY(mu_) = false;
+  bool joined_ HVD_GUARDED_BY(mu_) = false;  // hvd.join() pending; zeros stand in for ops
+  bool stopped_ HVD_GUARDED_BY(mu_) = false;
+  Status broken_ HVD_GUARDED_BY(mu_);
+  std::vector<TimelineCommand> timeline_commands_ HVD_GUARDED_BY(mu_);
+  uint64_t timeline_requested_ HVD_GUARDED_BY(mu_) = 0;
+  uint64_t timeline_applied_ HVD_GUARDED_BY(mu_) = 0;
+  Status timeline_status_ HVD_GUARDED_BY(mu_);
+  CondVar timeline_cv_;
+  TunedParams params_snapshot_ HVD_GUARDED_BY(mu_);
+  bool autotune_done_ HVD_GUARDED_BY(mu_) = true;
 };
 
 }  // namespace hvd

@@ -36,7 +36,7 @@ Status Runtime::ChangeProcessSets(const Response& r, Entry& e) {
     const int32_t id = r.root;
     std::vector<Entry> orphans;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (set_ranks_.erase(id) == 0) {
         e.handle->Complete(Status::InvalidArgument(
             "remove_process_set: no process set with id " + std::to_string(id)));
@@ -62,7 +62,7 @@ Status Runtime::ChangeProcessSets(const Response& r, Entry& e) {
   }
   std::vector<int> ranks(r.rank_rows.begin(), r.rank_rows.end());
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (const auto& kv : set_ranks_) {
       if (kv.second == ranks) {
         e.handle->Complete(Status::InvalidArgument(
@@ -88,7 +88,7 @@ Status Runtime::ChangeProcessSets(const Response& r, Entry& e) {
     sets_[id] = std::move(ps);
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     set_ranks_[id] = ranks;
   }
   e.handle->Complete(Status::Ok(), at::full({1}, id, at::kInt));
@@ -96,7 +96,7 @@ Status Runtime::ChangeProcessSets(const Response& r, Entry& e) {
 }
 
 std::map<int32_t, std::vector<int>> Runtime::process_sets() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return set_ranks_;
 }
 

@@ -148,7 +148,7 @@ Status Runtime::Submit(std::vector<Submission> subs,
                        std::vector<std::shared_ptr<HandleState>>* handles) {
   std::map<int32_t, std::vector<int>> sets;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (const auto& s : subs) {
       auto it = set_ranks_.find(s.process_set_id);
       if (it != set_ranks_.end()) sets[s.process_set_id] = it->second;
@@ -182,7 +182,7 @@ Status Runtime::Submit(std::vector<Submission> subs,
       ready[i] = gpu_->RecordReady(subs[i].input);
     }
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!broken_.ok()) return broken_;
   if (stopped_ || shutdown_requested_) {
     return Status::Aborted("horovod_torch has been shut down; call hvd.init() again");
@@ -206,7 +206,7 @@ Status Runtime::Submit(std::vector<Submission> subs,
     pending_.emplace(std::move(name), Entry{std::move(subs[i]), h, std::move(ready[i])});
   }
   has_fresh_.store(true, std::memory_order_release);
-  cv_.notify_one();
+  cv_.NotifyOne();
   return Status::Ok();
 }
 

@@ -8,8 +8,8 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
+
+#include "common/thread_annotations.h"
 
 namespace hvd {
 
@@ -17,23 +17,23 @@ class Waiters {
  public:
   void Enter() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       ++count_;
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
   void Leave() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     --count_;
   }
   bool Any() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return count_ > 0;
   }
   // Sleeps for `period`, or less when a caller starts waiting; true if one is.
   bool Nap(std::chrono::microseconds period) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, period, [this] { return count_ > 0; });
+    MutexLock lock(mu_);
+    return cv_.WaitFor(mu_, period, [this]() HVD_REQUIRES(mu_) { return count_ > 0; });
   }
 
   // Counts the current thread as waiting for its lifetime (nothing if null).
@@ -53,9 +53,9 @@ class Waiters {
   };
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int count_ = 0;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_;
+  int count_ HVD_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace hvd

@@ -10,12 +10,12 @@
 #include <atomic>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <limits>
 #include <unordered_set>
 
 #include "common/config.h"
 #include "common/logging.h"
+#include "common/thread_annotations.h"
 #include "core/gpu_backend.h"
 #include "core/runtime.h"
 #include "python/grad_hooks.h"
@@ -28,11 +28,11 @@ namespace hvd {
 namespace {
 
 struct Globals {
-  std::mutex mu;
-  std::unique_ptr<Runtime> runtime;  // GUARDED_BY(mu)
-  pid_t owner = 0;                   // GUARDED_BY(mu): the process that created it
+  Mutex mu;
+  std::unique_ptr<Runtime> runtime HVD_GUARDED_BY(mu);
+  pid_t owner HVD_GUARDED_BY(mu) = 0;  // the process that created it
   HandleTable handles;
-  bool mpi_threads = false;               // GUARDED_BY(mu): MPI_THREAD_MULTIPLE granted
+  bool mpi_threads HVD_GUARDED_BY(mu) = false;  // MPI_THREAD_MULTIPLE granted
   std::atomic<double> wait_spin_us{0};    // HOROVOD_SPIN_US of the last init()
   std::atomic<double> stall_warn_s{60};   // HOROVOD_STALL_CHECK_TIME_SECONDS (inf: off)
   std::atomic<bool> native_grad_hooks{true};  // HOROVOD_NATIVE_GRAD_HOOKS of the last init()
@@ -47,9 +47,9 @@ Globals& G() {
 // the parent's runtime without its threads: it must neither run collectives nor
 // tear down what the parent shares with it (sockets, shared memory). Called with
 // G().mu held.
-bool ForkedChild() { return G().runtime && G().owner != getpid(); }
+bool ForkedChild() HVD_REQUIRES(G().mu) { return G().runtime && G().owner != getpid(); }
 
-Status ForkedChildError() {
+Status ForkedChildError() HVD_REQUIRES(G().mu) {
   return Status::InvalidArgument(
       "horovod_torch was initialised in process " + std::to_string(G().owner) +
       "; this process (" + std::to_string(getpid()) +
@@ -61,7 +61,7 @@ Status ForkedChildError() {
 // init() after the engine died (an error stopped its loop) brings up a fresh one,
 // so one failed step or test never poisons the rest of the process. Called with
 // G().mu held.
-void DropStoppedRuntime() {
+void DropStoppedRuntime() HVD_REQUIRES(G().mu) {
   if (G().runtime && !ForkedChild() && G().runtime->stopped()) G().runtime.reset();
 }
 
@@ -93,7 +93,7 @@ py::tuple InitWith(const WorldMaker& make_world) {
   Status st;
   {
     py::gil_scoped_release nogil;
-    std::lock_guard<std::mutex> lock(G().mu);
+    MutexLock lock(G().mu);
     DropStoppedRuntime();
     if (!G().runtime) {  // else already initialised: Ok
       WorldInfo w;
@@ -130,7 +130,7 @@ py::tuple Init(int rank, int size, int local_rank, int local_size, int cross_ran
 // (MPI_COMM_WORLD, the ranks given, or an mpi4py communicator's Fortran handle).
 py::tuple InitMpi(std::vector<int> ranks, int64_t fortran_handle) {
   return InitWith([&](const Config& config, WorldInfo* w,
-                      std::unique_ptr<Communicator>* transport) {
+                      std::unique_ptr<Communicator>* transport) HVD_REQUIRES(G().mu) {
     MpiWorld m;
     HVD_RETURN_IF_ERROR(
         MpiSetup(ranks, fortran_handle, config.mpi_threads_disable != 0, &m, transport));
@@ -149,7 +149,7 @@ void Shutdown() {
   py::gil_scoped_release nogil;
   std::unique_ptr<Runtime> rt;
   {
-    std::lock_guard<std::mutex> lock(G().mu);
+    MutexLock lock(G().mu);
     if (ForkedChild()) return;  // the parent's engine: not ours to stop
     rt = std::move(G().runtime);
   }
@@ -161,7 +161,7 @@ py::tuple ControlTimeline(bool start, const std::string& path, bool mark_cycles)
   Status st;
   {
     py::gil_scoped_release nogil;
-    std::lock_guard<std::mutex> lock(G().mu);
+    MutexLock lock(G().mu);
     if (!G().runtime) {
       st = Status::InvalidArgument(kNotInitialized);
     } else if (ForkedChild()) {
@@ -180,7 +180,7 @@ py::object TunedParamsDict() {
   TunedParams p;
   bool done = true;
   {
-    std::lock_guard<std::mutex> lock(G().mu);
+    MutexLock lock(G().mu);
     if (!G().runtime) return py::none();
     p = G().runtime->params(&done);
   }
@@ -193,7 +193,7 @@ py::object TunedParamsDict() {
 }
 
 py::object World() {
-  std::lock_guard<std::mutex> lock(G().mu);
+  MutexLock lock(G().mu);
   if (!G().runtime) return py::none();
   const WorldInfo& w = G().runtime->world();
   return py::make_tuple(w.rank, w.size, w.local_rank, w.local_size, w.cross_rank, w.cross_size);
@@ -310,7 +310,7 @@ std::string PythonCaller() {
 // (the coordinator's stall report names it), or with an empty site that it no
 // longer does. Called without the GIL.
 void NoteWait(const std::string& name, const std::string& site) {
-  std::lock_guard<std::mutex> lock(G().mu);
+  MutexLock lock(G().mu);
   if (!G().runtime) return;
   if (site.empty()) {
     G().runtime->EndWait(name);
@@ -435,7 +435,7 @@ py::list Knobs() {
 // Hands ops to the process's runtime (an error if hvd.init() has not run).
 Status SubmitToRuntime(std::vector<Submission> subs,
                        std::vector<std::shared_ptr<HandleState>>* states) {
-  std::lock_guard<std::mutex> lock(G().mu);
+  MutexLock lock(G().mu);
   if (!G().runtime) {
     return Status::InvalidArgument(kNotInitialized);
   }
@@ -456,7 +456,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("shutdown", &Shutdown);
   m.def("world", &World);
   m.def("running", [] {  // initialised and its engine has not stopped
-    std::lock_guard<std::mutex> lock(G().mu);
+    MutexLock lock(G().mu);
     return G().runtime != nullptr && !G().runtime->stopped();
   });
   m.def("submit", &Submit);
@@ -472,7 +472,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("stop_timeline", [] { return ControlTimeline(false, "", false); });
   m.def("tuned_params", &TunedParamsDict);
   m.def("process_sets", []() -> py::object {
-    std::lock_guard<std::mutex> lock(G().mu);
+    MutexLock lock(G().mu);
     if (!G().runtime) return py::none();
     return py::cast(G().runtime->process_sets());
   });
@@ -480,11 +480,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("init_mpi", &InitMpi);
   m.def("mpi_built", [] { return MpiBuilt(); });
   m.def("mpi_enabled", [] {
-    std::lock_guard<std::mutex> lock(G().mu);
+    MutexLock lock(G().mu);
     return G().runtime != nullptr && G().runtime->world().use_mpi;
   });
   m.def("mpi_threads_supported", [] {
-    std::lock_guard<std::mutex> lock(G().mu);
+    MutexLock lock(G().mu);
     return G().runtime != nullptr && G().runtime->world().use_mpi && G().mpi_threads;
   });
   m.def("cuda_built", [] { return NcclVersionBuilt() != 0; });

@@ -9,8 +9,8 @@
 #include <torch/csrc/dynamo/compiled_autograd.h>
 #endif
 
-#include <mutex>
 
+#include "common/thread_annotations.h"
 #include "python/module_state.h"
 
 namespace py = pybind11;
@@ -31,14 +31,14 @@ struct GradHooks::State {
   double prescale = 1, postscale = 1;
   int process_set_id = 0;
   c10::optional<at::ScalarType> wire;
-  std::mutex mu;
-  int passes_per_step = 1;  // GUARDED_BY(mu)
-  std::vector<Slot> slots;  // GUARDED_BY(mu)
+  Mutex mu;
+  int passes_per_step HVD_GUARDED_BY(mu) = 1;
+  std::vector<Slot> slots HVD_GUARDED_BY(mu);
 
   void Fire(size_t i) {
     int extra_pass_of = 0;  // an extra backward pass: raise after unlocking mu
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       if (slots[i].started) {
         extra_pass_of = passes_per_step;
       } else {
@@ -60,7 +60,7 @@ struct GradHooks::State {
     }
   }
   // Counts the pass and, on the last one, submits the allreduce. Holds mu.
-  void Start(size_t i) {
+  void Start(size_t i) HVD_REQUIRES(mu) {
     Slot& slot = slots[i];
     const at::Tensor grad = params[i].grad();
     if (++slot.passes < passes_per_step) return;
@@ -166,7 +166,7 @@ GradHooks::~GradHooks() {
 
 py::list GradHooks::Take() {
   py::list out;
-  std::lock_guard<std::mutex> lock(state_->mu);
+  MutexLock lock(state_->mu);
   for (size_t i = 0; i < state_->slots.size(); ++i) {
     State::Slot& slot = state_->slots[i];
     if (!slot.handle) continue;
@@ -179,12 +179,12 @@ py::list GradHooks::Take() {
 }
 
 void GradHooks::Reset() {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  MutexLock lock(state_->mu);
   for (State::Slot& slot : state_->slots) slot = State::Slot();
 }
 
 bool GradHooks::InFlight() {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  MutexLock lock(state_->mu);
   for (const State::Slot& slot : state_->slots) {
     if (slot.started) return true;
   }
@@ -192,7 +192,7 @@ bool GradHooks::InFlight() {
 }
 
 void GradHooks::SetPassesPerStep(int n) {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  MutexLock lock(state_->mu);
   state_->passes_per_step = n;
 }
 

@@ -110,25 +110,25 @@ void StoreServer::Stop() {
   if (accept_thread_.joinable()) accept_thread_.join();
   std::map<uint64_t, std::thread> threads;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (auto& c : conns_) c.second->Shutdown();
     threads.swap(conn_threads_);
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   for (auto& t : threads) t.second.join();
   listener_.Close();
 }
 
 size_t StoreServer::num_connections() {
   ReapFinished();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return conns_.size();
 }
 
 void StoreServer::ReapFinished() {
   std::vector<std::thread> done;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (uint64_t id : finished_) {
       auto it = conn_threads_.find(id);
       if (it != conn_threads_.end()) {
@@ -173,7 +173,7 @@ void StoreServer::AcceptLoop() {
 
 void StoreServer::StartServing(Socket sock) {
   auto conn = std::make_shared<Socket>(std::move(sock));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (stopping_) return;
   uint64_t id = next_id_++;
   conns_[id] = conn;
@@ -208,7 +208,7 @@ void StoreServer::Serve(uint64_t id, std::shared_ptr<Socket> conn) {
   }
   // Forget the connection under the lock (so Stop() never touches a closed fd),
   // then close it when the last reference goes.
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   conns_.erase(id);
   finished_.push_back(id);
 }
@@ -227,8 +227,10 @@ std::string StoreServer::Handle(const std::string& request) {
     reply.number = static_cast<uint64_t>(sum);
   } else if (req.op == kGet) {
     auto deadline = Clock::now() + Micros(WaitSeconds(req.timeout_s));
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_until(lock, deadline, [&] { return stopping_ || data_.count(req.key) > 0; });
+    MutexLock lock(mu_);
+    cv_.WaitUntil(mu_, deadline, [&]() HVD_REQUIRES(mu_) {
+      return stopping_ || data_.count(req.key) > 0;
+    });
     auto it = data_.find(req.key);
     reply.ok = it != data_.end();
     if (reply.ok) reply.value = it->second;
@@ -241,14 +243,14 @@ std::string StoreServer::Handle(const std::string& request) {
 
 void StoreServer::Set(const std::string& key, const std::string& value) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     data_[key] = value;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 bool StoreServer::Get(const std::string& key, std::string* value) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = data_.find(key);
   if (it == data_.end()) return false;
   *value = it->second;
@@ -257,7 +259,7 @@ bool StoreServer::Get(const std::string& key, std::string* value) {
 
 bool StoreServer::Add(const std::string& key, int64_t delta, int64_t* result) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = data_.find(key);
     int64_t v = 0;
     if (it != data_.end()) {
@@ -271,7 +273,7 @@ bool StoreServer::Add(const std::string& key, int64_t delta, int64_t* result) {
     *result = sum;
     data_[key] = std::to_string(sum);
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   return true;
 }
 
@@ -281,10 +283,14 @@ Status StoreClient::Connect(const std::string& host, int port, const std::string
   const auto deadline = Clock::now() + Micros(timeout_s);
   while (true) {
     std::unique_ptr<StoreClient> c(new StoreClient());
-    HVD_RETURN_IF_ERROR(::hvd::Connect(host, port, SecondsLeft(deadline), &c->sock_));
     bool rejected = false;
-    Status st = ClientHandshake(c->sock_.fd(), secret, "store",
-                                std::clamp(SecondsLeft(deadline), 1.0, kIoTimeout), &rejected);
+    Status st;
+    {
+      MutexLock lock(c->mu_);  // nobody else has it yet; the lock keeps the rule simple
+      HVD_RETURN_IF_ERROR(::hvd::Connect(host, port, SecondsLeft(deadline), &c->sock_));
+      st = ClientHandshake(c->sock_.fd(), secret, "store",
+                           std::clamp(SecondsLeft(deadline), 1.0, kIoTimeout), &rejected);
+    }
     store_wire::Reply reply;
     if (st.ok()) {
       store_wire::Request limit;
@@ -306,7 +312,7 @@ Status StoreClient::Connect(const std::string& host, int port, const std::string
 Status StoreClient::Call(const store_wire::Request& request, double timeout_s,
                          store_wire::Reply* reply) {
   const std::string bytes = store_wire::EncodeRequest(request);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (bytes.size() > max_frame_) {
     return Status::InvalidArgument("a rendezvous store request of " +
                                    std::to_string(bytes.size()) +
@@ -384,6 +390,9 @@ Status StoreClient::Add(const std::string& key, int64_t delta, int64_t* result) 
   return Status::Ok();
 }
 
-std::string StoreClient::LocalAddress() const { return ::hvd::LocalAddress(sock_); }
+std::string StoreClient::LocalAddress() {
+  MutexLock lock(mu_);
+  return ::hvd::LocalAddress(sock_);
+}
 
 }  // namespace hvd

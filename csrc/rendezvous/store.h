@@ -9,17 +9,16 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/net.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 
 namespace hvd {
 
@@ -125,15 +124,15 @@ class StoreServer {
   std::atomic<bool> stopping_{false};
   std::atomic<size_t> num_pending_{0};
 
-  std::mutex mu_;
-  std::condition_variable cv_;                      // signalled on every Set/Add
-  std::map<std::string, std::string> data_;                 // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_;  // signalled on every Set/Add
+  std::map<std::string, std::string> data_ HVD_GUARDED_BY(mu_);
   // Live connections and their threads; a thread whose client left moves its id to
   // finished_ and the accept loop joins it, so sockets and threads do not pile up.
-  std::map<uint64_t, std::shared_ptr<Socket>> conns_;       // GUARDED_BY(mu_)
-  std::map<uint64_t, std::thread> conn_threads_;            // GUARDED_BY(mu_)
-  std::vector<uint64_t> finished_;                          // GUARDED_BY(mu_)
-  uint64_t next_id_ = 0;                                    // GUARDED_BY(mu_)
+  std::map<uint64_t, std::shared_ptr<Socket>> conns_ HVD_GUARDED_BY(mu_);
+  std::map<uint64_t, std::thread> conn_threads_ HVD_GUARDED_BY(mu_);
+  std::vector<uint64_t> finished_ HVD_GUARDED_BY(mu_);
+  uint64_t next_id_ HVD_GUARDED_BY(mu_) = 0;
 };
 
 class StoreClient {
@@ -151,7 +150,7 @@ class StoreClient {
   Status TryGet(const std::string& key, std::string* value, bool* found);
   Status Add(const std::string& key, int64_t delta, int64_t* result);
   // Local address of the connection to the store: an address peers can reach us at.
-  std::string LocalAddress() const;
+  std::string LocalAddress();
 
  private:
   StoreClient() = default;
@@ -160,8 +159,8 @@ class StoreClient {
   // Get and TryGet: waits up to timeout_s for the key; *found tells if it came.
   Status Fetch(const std::string& key, double timeout_s, std::string* value, bool* found);
 
-  std::mutex mu_;
-  Socket sock_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  Socket sock_ HVD_GUARDED_BY(mu_);
   uint64_t max_frame_ = kStoreMaxFrame;  // the server's, learned at Connect
 };
 

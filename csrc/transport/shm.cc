@@ -7,17 +7,16 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <functional>
-#include <mutex>
 #include <new>
 #include <system_error>
 #include <thread>
 
 #include "common/logging.h"
 #include "common/net.h"
+#include "common/thread_annotations.h"
 #include "transport/shm_segment.h"
 
 namespace hvd {
@@ -89,7 +88,7 @@ class Helpers {
   void Run(int parts, const std::function<void(int)>& fn) {
     uint64_t gen;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       fn_ = &fn;
       parts_ = parts;
       done_.store(0, std::memory_order_relaxed);
@@ -97,7 +96,7 @@ class Helpers {
       ticket_.store(Ticket(gen, 1), std::memory_order_relaxed);
       gen_.store(gen, std::memory_order_release);
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
     fn(0);
     int mine = 1;
     for (int p; (p = Claim(gen, parts)) >= 0; ++mine) fn(p);
@@ -120,11 +119,11 @@ class Helpers {
   }
   void Stop() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       stop_ = true;
       gen_.fetch_add(1, std::memory_order_release);
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
     for (auto& t : threads_) t.join();
     threads_.clear();
   }
@@ -139,8 +138,8 @@ class Helpers {
       const std::function<void(int)>* fn;
       int parts;
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return gen_.load(std::memory_order_relaxed) != seen; });
+        MutexLock lock(mu_);
+        cv_.Wait(mu_, [&] { return gen_.load(std::memory_order_relaxed) != seen; });
         seen = gen_.load(std::memory_order_relaxed);
         if (stop_) return;
         fn = fn_;
@@ -157,14 +156,14 @@ class Helpers {
 
   const int64_t spin_ns_;
   std::vector<std::thread> threads_;
-  std::mutex mu_;
-  std::condition_variable cv_;
+  Mutex mu_;
+  CondVar cv_;
   std::atomic<uint64_t> gen_{0};     // bumped per step (and to stop)
   std::atomic<uint64_t> ticket_{0};  // generation (high 32 bits), next part to claim
   std::atomic<int> done_{0};         // parts finished by helpers this step
-  const std::function<void(int)>* fn_ = nullptr;  // GUARDED_BY(mu_)
-  int parts_ = 0;                                 // GUARDED_BY(mu_)
-  bool stop_ = false;                             // GUARDED_BY(mu_)
+  const std::function<void(int)>* fn_ HVD_GUARDED_BY(mu_) = nullptr;
+  int parts_ HVD_GUARDED_BY(mu_) = 0;
+  bool stop_ HVD_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace shm
