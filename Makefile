@@ -22,7 +22,7 @@ STAGE := ./tools/stage.sh $(LOG)
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export VIRTUAL_ENV := $(abspath $(VENV))
 
-.PHONY: setup build demo demo-plain test test-fast pytest cpp-test tsa bench clean distclean
+.PHONY: setup build demo demo-plain test test-fast pytest cpp-test cpp-check bench clean distclean
 
 # System packages (apt, when missing), the virtual environment, Python dependencies
 # and the package's metadata/entry points (horovodrun), once.
@@ -57,15 +57,17 @@ cpp-test:
 	@$(STAGE) "C++ tests: build (about 6 min on 2 cores the first time)" $(MAKE) -C tests/cpp -j2
 	$(MAKE) -C tests/cpp run
 
-# Clang's thread-safety analysis of the lock annotations (csrc/common/thread_annotations.h).
-tsa: setup
+# The C++ style (.clang-format) and Clang's thread-safety analysis of the lock
+# annotations (csrc/common/thread_annotations.h).
+cpp-check: setup
+	@$(STAGE) "C++ style checked by clang-format" ./tools/check_format.sh
 	@$(STAGE) "C++ lock annotations checked by clang -Wthread-safety (about 2 min)" \
 	    ./tools/check_thread_safety.sh $(PYTHON)
 
 pytest: build
 	$(PYTHON) -m pytest tests -q -rs -m "not gpu"
 
-test: build cpp-test tsa pytest
+test: build cpp-test cpp-check pytest
 
 test-fast: build cpp-test
 	$(PYTHON) -m pytest -q -rs $$(grep -v '^#' tests/fast.txt)

@@ -445,7 +445,8 @@ int main(int argc, char** argv) {
       "other = median over ranks 1..N-1); 'plane' is the part spent inside the in-memory\n"
       "control plane. Wall includes scheduling N threads on these cores.\n\n");
   std::printf(
-      "| ranks | tensors | steady exchange | first cycle wall ms | first cycle CPU ms rank 0 / other "
+      "| ranks | tensors | steady exchange | first cycle wall ms | first cycle CPU ms rank 0 / "
+      "other "
       "| steady wall ms | steady CPU us rank 0 (plane) | steady CPU us other (plane) | steady "
       "bytes sent / recv per rank | rank 0 recv | ctrl heap per rank: built / retained rank 0 / "
       "retained other | peak in a cycle rank 0 / other | mallinfo2 built per rank | check |\n");

@@ -188,12 +188,18 @@ int main(int argc, char** argv) {
       size_t n = std::strlen(name);
       return a.compare(0, n, name) == 0 ? a.c_str() + n : nullptr;
     };
-    if (const char* v = val("--ranks=")) f.ranks = std::atoi(v);
-    else if (const char* v = val("--slot_kb=")) f.shm.slot_bytes = std::atoll(v) * 1024;
-    else if (const char* v = val("--spin_us=")) f.shm.spin_us = std::atof(v);
-    else if (const char* v = val("--threads=")) f.shm.threads = std::atoi(v);
-    else if (a == "--procs") f.procs = true;
-    else if (a == "--no_tcp") f.tcp = false;
+    if (const char* v = val("--ranks="))
+      f.ranks = std::atoi(v);
+    else if (const char* v = val("--slot_kb="))
+      f.shm.slot_bytes = std::atoll(v) * 1024;
+    else if (const char* v = val("--spin_us="))
+      f.shm.spin_us = std::atof(v);
+    else if (const char* v = val("--threads="))
+      f.shm.threads = std::atoi(v);
+    else if (a == "--procs")
+      f.procs = true;
+    else if (a == "--no_tcp")
+      f.tcp = false;
     else if (const char* v = val("--mb=")) {
       f.mb.clear();
       for (const char* p = v; *p != '\0';) {
@@ -205,12 +211,13 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  std::printf("allreduce float32 sum, %d ranks, %u CPUs, shm slot %zu KiB, spin %g us, "
-              "threads per rank %d (-1: automatic), shm as %s\n",
-              f.ranks, std::thread::hardware_concurrency(), f.shm.slot_bytes >> 10,
-              f.shm.spin_us, f.shm.threads, f.procs ? "processes" : "threads");
-  std::printf("%6s %10s %10s %10s %10s %9s %8s\n", "MB", "shm ms", "tcp ms", "shm GB/s",
-              "tcp GB/s", "memcpy ms", "tcp/shm");
+  std::printf(
+      "allreduce float32 sum, %d ranks, %u CPUs, shm slot %zu KiB, spin %g us, "
+      "threads per rank %d (-1: automatic), shm as %s\n",
+      f.ranks, std::thread::hardware_concurrency(), f.shm.slot_bytes >> 10, f.shm.spin_us,
+      f.shm.threads, f.procs ? "processes" : "threads");
+  std::printf("%6s %10s %10s %10s %10s %9s %8s\n", "MB", "shm ms", "tcp ms", "shm GB/s", "tcp GB/s",
+              "memcpy ms", "tcp/shm");
   for (size_t mb : f.mb) {
     double shm = f.procs ? ShmProcs(f, mb) : ShmThreads(f, mb);
     double tcp = f.tcp ? Tcp(f, mb) : 0;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian/Ubuntu packages the build and the tests need, if missing:
-# a C++ toolchain, ninja and GoogleTest (build, C++ tests); clang (the thread-safety
-# analysis of the lock annotations, tools/check_thread_safety.sh); OpenMPI (the MPI controller
+# a C++ toolchain, ninja and GoogleTest (build, C++ tests); clang and clang-format (the
+# thread-safety analysis of the lock annotations and the style check, make cpp-check);
+# OpenMPI (the MPI controller
 # and its tests); openssh-server and iproute2 (the multi-host tests with network
 # namespaces); a Java runtime (pyspark, for the Spark integration's tests);
 # python3-venv where python3 cannot create a virtual environment (the Makefile
@@ -13,6 +14,7 @@ need=""
 command -v ninja >/dev/null || need="$need ninja-build"
 command -v g++ >/dev/null || need="$need g++"
 command -v clang++ >/dev/null || need="$need clang"
+command -v clang-format >/dev/null || need="$need clang-format"
 command -v make >/dev/null || need="$need make"
 command -v mpicxx >/dev/null || need="$need libopenmpi-dev openmpi-bin"
 [ -x /usr/sbin/sshd ] || need="$need openssh-server openssh-client"

@@ -5,11 +5,11 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define HVD_CHECK(cond)                                                        \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      std::fprintf(stderr, "horovod_torch: CHECK failed at %s:%d: %s\n",       \
-                   __FILE__, __LINE__, #cond);                                 \
-      std::abort();                                                            \
-    }                                                                          \
+#define HVD_CHECK(cond)                                                                      \
+  do {                                                                                       \
+    if (!(cond)) {                                                                           \
+      std::fprintf(stderr, "horovod_torch: CHECK failed at %s:%d: %s\n", __FILE__, __LINE__, \
+                   #cond);                                                                   \
+      std::abort();                                                                          \
+    }                                                                                        \
   } while (0)

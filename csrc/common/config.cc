@@ -47,12 +47,12 @@ std::string Expected(const std::string& type) {
 
 Config Config::FromEnv(std::string* error) {
   Config c;
-#define HVD_READ_KNOB(member, env, type, def, doc)                               \
-  if (const char* v = std::getenv(env); v != nullptr && *v != '\0') {            \
-    if (!Parse(v, &c.member) && error != nullptr) {                              \
-      *error += std::string(error->empty() ? "" : "; ") + env + "='" + v +       \
-                "' is not " + Expected(#type) + " (see docs/config.md)";         \
-    }                                                                            \
+#define HVD_READ_KNOB(member, env, type, def, doc)                                       \
+  if (const char* v = std::getenv(env); v != nullptr && *v != '\0') {                    \
+    if (!Parse(v, &c.member) && error != nullptr) {                                      \
+      *error += std::string(error->empty() ? "" : "; ") + env + "='" + v + "' is not " + \
+                Expected(#type) + " (see docs/config.md)";                               \
+    }                                                                                    \
   }
   HVD_KNOBS(HVD_READ_KNOB)
 #undef HVD_READ_KNOB
@@ -118,8 +118,9 @@ std::string SettingsDisagreement(const std::vector<std::string>& per_rank) {
     }
   }
   if (differ.empty()) return "";
-  std::string msg = "ranks were started with different settings that must be equal on every "
-                    "rank (they choose the wire protocol or the algorithm):";
+  std::string msg =
+      "ranks were started with different settings that must be equal on every "
+      "rank (they choose the wire protocol or the algorithm):";
   for (const auto& knob : differ) {
     msg += " " + knob.first + " is";
     bool first = true;

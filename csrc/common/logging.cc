@@ -33,8 +33,9 @@ void LogLine(LogLevel level, const std::string& text) {
   if (!g_hide_time.load()) {
     auto now = std::chrono::system_clock::now();
     std::time_t secs = std::chrono::system_clock::to_time_t(now);
-    long us = static_cast<long>(std::chrono::duration_cast<std::chrono::microseconds>(
-                                    now.time_since_epoch()).count() % 1000000);
+    long us = static_cast<long>(
+        std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() %
+        1000000);
     std::tm tm{};
     gmtime_r(&secs, &tm);
     size_t n = std::strftime(stamp, sizeof(stamp), " %Y-%m-%dT%H:%M:%S", &tm);

@@ -43,7 +43,7 @@ class LogMessage {
 
 }  // namespace hvd
 
-#define HVD_LOG(level)                                         \
-  if (!::hvd::LogEnabled(::hvd::LogLevel::level)) {            \
-  } else                                                       \
+#define HVD_LOG(level)                              \
+  if (!::hvd::LogEnabled(::hvd::LogLevel::level)) { \
+  } else                                            \
     ::hvd::LogMessage(::hvd::LogLevel::level).stream()

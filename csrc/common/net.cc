@@ -23,9 +23,7 @@
 namespace hvd {
 namespace {
 
-std::string Errno(const char* what) {
-  return std::string(what) + ": " + std::strerror(errno);
-}
+std::string Errno(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
 
 int RemainingMs(Clock::time_point deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -136,8 +134,8 @@ Status Connect(const std::string& host, int port, double timeout_s, Socket* out,
     const int err = errno;
     last = std::strerror(err);
     if (Clock::now() >= deadline || (!retry_refused && err == ECONNREFUSED)) {
-      return Status::Aborted("cannot connect to " + host + ":" + std::to_string(port) +
-                             " within " + std::to_string(timeout_s) + " s (" + last + ")");
+      return Status::Aborted("cannot connect to " + host + ":" + std::to_string(port) + " within " +
+                             std::to_string(timeout_s) + " s (" + last + ")");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -260,8 +258,8 @@ Status ServerHandshake(int fd, const std::string& secret, double timeout_s, std:
   return Status::Ok();
 }
 
-Status ClientHandshake(int fd, const std::string& secret, const std::string& tag,
-                       double timeout_s, bool* rejected) {
+Status ClientHandshake(int fd, const std::string& secret, const std::string& tag, double timeout_s,
+                       bool* rejected) {
   if (rejected != nullptr) *rejected = false;
   std::string nonce;
   HVD_RETURN_IF_ERROR(RecvFrame(fd, &nonce, timeout_s, kMaxHandshakeFrame));

@@ -76,8 +76,8 @@ bool HandshakeReplyValid(const std::string& secret, const std::string& nonce,
                          const std::string& reply, std::string* tag);
 // *rejected (if given) tells a verdict of "N" (a wrong secret: retrying cannot help)
 // from a connection lost or timed out before the verdict.
-Status ClientHandshake(int fd, const std::string& secret, const std::string& tag,
-                       double timeout_s, bool* rejected = nullptr);
+Status ClientHandshake(int fd, const std::string& secret, const std::string& tag, double timeout_s,
+                       bool* rejected = nullptr);
 
 // Puts the socket into non-blocking mode and disables Nagle.
 void TuneForData(int fd);

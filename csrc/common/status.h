@@ -3,7 +3,8 @@
 // Three kinds of failure reach Python as three exception types:
 //   kInvalidArgument -> ValueError      (bad input found on this rank, at the call site)
 //   kMismatch        -> RuntimeError    (ranks disagree about a collective; engine stays usable)
-//   kAborted         -> HorovodInternalError (peer lost, I/O error, shut down; recoverable by reset)
+//   kAborted         -> HorovodInternalError (peer lost, I/O error, shut down; recoverable by
+//   reset)
 #pragma once
 
 #include <string>
@@ -25,12 +26,8 @@ class Status {
   static Status InvalidArgument(std::string msg) {
     return Status(StatusCode::kInvalidArgument, std::move(msg));
   }
-  static Status Mismatch(std::string msg) {
-    return Status(StatusCode::kMismatch, std::move(msg));
-  }
-  static Status Aborted(std::string msg) {
-    return Status(StatusCode::kAborted, std::move(msg));
-  }
+  static Status Mismatch(std::string msg) { return Status(StatusCode::kMismatch, std::move(msg)); }
+  static Status Aborted(std::string msg) { return Status(StatusCode::kAborted, std::move(msg)); }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }
@@ -43,10 +40,10 @@ class Status {
 };
 
 // Returns early from the enclosing function when `expr` is not ok.
-#define HVD_RETURN_IF_ERROR(expr)         \
-  do {                                    \
-    ::hvd::Status _st = (expr);           \
-    if (!_st.ok()) return _st;            \
+#define HVD_RETURN_IF_ERROR(expr) \
+  do {                            \
+    ::hvd::Status _st = (expr);   \
+    if (!_st.ok()) return _st;    \
   } while (0)
 
 }  // namespace hvd

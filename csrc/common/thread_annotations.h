@@ -1,5 +1,5 @@
-// Lock annotations that Clang checks (-Wthread-safety; `make -C tests/cpp tsa` runs
-// the check, and `make test` runs it where clang++ is installed). A member marked
+// Lock annotations that Clang checks (-Wthread-safety: tools/check_thread_safety.sh,
+// run by `make cpp-check` and so by `make test`). A member marked
 // HVD_GUARDED_BY(mu_) may only be touched with mu_ held; a function marked
 // HVD_REQUIRES(mu_) only called with it held. GCC sees nothing.
 //
@@ -79,8 +79,8 @@ class CondVar {
   }
   // False if it timed out with `pred` still false.
   template <typename Clock, typename Duration, typename Pred>
-  bool WaitUntil(Mutex& mu, const std::chrono::time_point<Clock, Duration>& deadline,
-                 Pred pred) HVD_REQUIRES(mu) {
+  bool WaitUntil(Mutex& mu, const std::chrono::time_point<Clock, Duration>& deadline, Pred pred)
+      HVD_REQUIRES(mu) {
     std::unique_lock<std::mutex> lock(mu.mu_, std::adopt_lock);
     const bool ok = cv_.wait_until(lock, deadline, pred);
     lock.release();

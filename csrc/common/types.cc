@@ -30,28 +30,44 @@ size_t DataTypeSize(DataType dtype) {
 
 const char* DataTypeName(DataType dtype) {
   switch (dtype) {
-    case DataType::kUInt8: return "uint8";
-    case DataType::kInt8: return "int8";
-    case DataType::kInt16: return "int16";
-    case DataType::kInt32: return "int32";
-    case DataType::kInt64: return "int64";
-    case DataType::kFloat16: return "float16";
-    case DataType::kBFloat16: return "bfloat16";
-    case DataType::kFloat32: return "float32";
-    case DataType::kFloat64: return "float64";
-    case DataType::kBool: return "bool";
+    case DataType::kUInt8:
+      return "uint8";
+    case DataType::kInt8:
+      return "int8";
+    case DataType::kInt16:
+      return "int16";
+    case DataType::kInt32:
+      return "int32";
+    case DataType::kInt64:
+      return "int64";
+    case DataType::kFloat16:
+      return "float16";
+    case DataType::kBFloat16:
+      return "bfloat16";
+    case DataType::kFloat32:
+      return "float32";
+    case DataType::kFloat64:
+      return "float64";
+    case DataType::kBool:
+      return "bool";
   }
   return "unknown";
 }
 
 const char* ReduceOpName(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kAverage: return "Average";
-    case ReduceOp::kSum: return "Sum";
-    case ReduceOp::kAdasum: return "Adasum";
-    case ReduceOp::kMin: return "Min";
-    case ReduceOp::kMax: return "Max";
-    case ReduceOp::kProduct: return "Product";
+    case ReduceOp::kAverage:
+      return "Average";
+    case ReduceOp::kSum:
+      return "Sum";
+    case ReduceOp::kAdasum:
+      return "Adasum";
+    case ReduceOp::kMin:
+      return "Min";
+    case ReduceOp::kMax:
+      return "Max";
+    case ReduceOp::kProduct:
+      return "Product";
   }
   return "unknown";
 }
@@ -157,11 +173,21 @@ void ReduceHalf(uint16_t* dst, const uint16_t* src, size_t n, ReduceOp op) {
     float a = ToF(dst[i]), b = ToF(src[i]);
     float r;
     switch (op) {
-      case ReduceOp::kSum: r = a + b; break;
-      case ReduceOp::kMin: r = std::min(a, b); break;
-      case ReduceOp::kMax: r = std::max(a, b); break;
-      case ReduceOp::kProduct: r = a * b; break;
-      default: HVD_CHECK(false && "ReduceInto supports Sum, Min, Max, Product"); return;
+      case ReduceOp::kSum:
+        r = a + b;
+        break;
+      case ReduceOp::kMin:
+        r = std::min(a, b);
+        break;
+      case ReduceOp::kMax:
+        r = std::max(a, b);
+        break;
+      case ReduceOp::kProduct:
+        r = a * b;
+        break;
+      default:
+        HVD_CHECK(false && "ReduceInto supports Sum, Min, Max, Product");
+        return;
     }
     dst[i] = FromF(r);
   }
@@ -204,11 +230,11 @@ void ReduceInto(void* dst, const void* src, size_t n, DataType dtype, ReduceOp o
     case DataType::kFloat64:
       return ReduceTyped(static_cast<double*>(dst), static_cast<const double*>(src), n, op);
     case DataType::kFloat16:
-      return ReduceHalf<HalfToFloat, FloatToHalf>(
-          static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n, op);
+      return ReduceHalf<HalfToFloat, FloatToHalf>(static_cast<uint16_t*>(dst),
+                                                  static_cast<const uint16_t*>(src), n, op);
     case DataType::kBFloat16:
-      return ReduceHalf<BFloat16ToFloat, FloatToBFloat16>(
-          static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n, op);
+      return ReduceHalf<BFloat16ToFloat, FloatToBFloat16>(static_cast<uint16_t*>(dst),
+                                                          static_cast<const uint16_t*>(src), n, op);
     case DataType::kBool:
       return ReduceBool(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n, op);
   }
@@ -222,18 +248,24 @@ FoldedReduction FoldAverage(ReduceOp op, double prescale, double postscale, int 
 void ScaleBuffer(void* buf, size_t n, DataType dtype, double factor) {
   if (factor == 1.0) return;
   switch (dtype) {
-    case DataType::kUInt8: return ScaleTyped(static_cast<uint8_t*>(buf), n, factor);
-    case DataType::kInt8: return ScaleTyped(static_cast<int8_t*>(buf), n, factor);
-    case DataType::kInt16: return ScaleTyped(static_cast<int16_t*>(buf), n, factor);
-    case DataType::kInt32: return ScaleTyped(static_cast<int32_t*>(buf), n, factor);
-    case DataType::kInt64: return ScaleTyped(static_cast<int64_t*>(buf), n, factor);
+    case DataType::kUInt8:
+      return ScaleTyped(static_cast<uint8_t*>(buf), n, factor);
+    case DataType::kInt8:
+      return ScaleTyped(static_cast<int8_t*>(buf), n, factor);
+    case DataType::kInt16:
+      return ScaleTyped(static_cast<int16_t*>(buf), n, factor);
+    case DataType::kInt32:
+      return ScaleTyped(static_cast<int32_t*>(buf), n, factor);
+    case DataType::kInt64:
+      return ScaleTyped(static_cast<int64_t*>(buf), n, factor);
     case DataType::kFloat32: {
       float* p = static_cast<float*>(buf);
       float f = static_cast<float>(factor);
       for (size_t i = 0; i < n; ++i) p[i] *= f;
       return;
     }
-    case DataType::kFloat64: return ScaleTyped(static_cast<double*>(buf), n, factor);
+    case DataType::kFloat64:
+      return ScaleTyped(static_cast<double*>(buf), n, factor);
     case DataType::kFloat16:
       return ScaleHalf<HalfToFloat, FloatToHalf>(static_cast<uint16_t*>(buf), n, factor);
     case DataType::kBFloat16:

@@ -128,7 +128,10 @@ int Autotuner::NextCandidate(const std::vector<std::vector<double>>& candidates,
 }
 
 Autotuner::Autotuner(const AutotuneOptions& options, const TunedParams& initial)
-    : opt_(options), grid_(Grid()), current_(initial), warmups_left_(options.warmup_samples),
+    : opt_(options),
+      grid_(Grid()),
+      current_(initial),
+      warmups_left_(options.warmup_samples),
       rng_(options.seed) {
   opt_.steps_per_sample = std::max(1, opt_.steps_per_sample);
   opt_.max_samples = std::max(1, opt_.max_samples);
@@ -138,8 +141,10 @@ Autotuner::Autotuner(const AutotuneOptions& options, const TunedParams& initial)
     if (log_ == nullptr) {
       HVD_LOG(kWarning) << "cannot write the autotune log to '" << opt_.log_path << "'";
     } else {
-      std::fputs("sample,phase,fusion_threshold_bytes,wake_delay_us,cache_enabled,"
-                 "score_bytes_per_s\n", log_);
+      std::fputs(
+          "sample,phase,fusion_threshold_bytes,wake_delay_us,cache_enabled,"
+          "score_bytes_per_s\n",
+          log_);
       std::fflush(log_);
     }
   }
@@ -157,8 +162,7 @@ void Autotuner::Log(const char* phase, const TunedParams& p, double score) {
   std::fflush(log_);
 }
 
-bool Autotuner::Step(int64_t bytes, std::chrono::steady_clock::time_point now,
-                     TunedParams* next) {
+bool Autotuner::Step(int64_t bytes, std::chrono::steady_clock::time_point now, TunedParams* next) {
   if (done_ || bytes <= 0) return false;
   if (steps_ == 0) {
     window_start_ = now;

@@ -30,8 +30,8 @@ struct TunedParams {
   double wake_delay_us = 0;
   bool cache_enabled = true;
   bool operator==(const TunedParams& o) const {
-    return fusion_threshold_bytes == o.fusion_threshold_bytes &&
-           wake_delay_us == o.wake_delay_us && cache_enabled == o.cache_enabled;
+    return fusion_threshold_bytes == o.fusion_threshold_bytes && wake_delay_us == o.wake_delay_us &&
+           cache_enabled == o.cache_enabled;
   }
 };
 

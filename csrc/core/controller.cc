@@ -80,7 +80,8 @@ Status Controller::Cycle(std::vector<Request> fresh, bool want_shutdown,
   std::string reply;
   if (control_->rank() == 0) {
     std::vector<RequestList> lists(gathered.size());
-    for (size_t r = 0; r < gathered.size(); ++r) HVD_RETURN_IF_ERROR(Decode(gathered[r], &lists[r]));
+    for (size_t r = 0; r < gathered.size(); ++r)
+      HVD_RETURN_IF_ERROR(Decode(gathered[r], &lists[r]));
     bool ok = true;
     std::string error;
     ResponseList out = Coordinate(lists, &ok, &error);
@@ -117,7 +118,7 @@ Status Controller::FastCycle(std::vector<Response>* responses, bool* done) {
   const bool coordinator = control_->rank() == 0;
   ResponseList out;
   out.invalid_bits.assign(words, 0);
-  std::vector<uint64_t> any;  // OR over ranks (coordinator: for the stall inspector)
+  std::vector<uint64_t> any;       // OR over ranks (coordinator: for the stall inspector)
   std::vector<RequestList> lists;  // per rank (coordinator, per-rank exchange only)
   if (size > kPerRankBitsMaxRanks) {
     // Many ranks: an AND/OR allreduce, O(log n) rounds of O(capacity) bits. The
@@ -216,8 +217,8 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
   // Full requests: record, and find names every rank has now submitted.
   for (int r = 0; r < size; ++r) {
     for (const auto& req : lists[r].requests) {
-      if (req.rank != r || (req.type == OpType::kAlltoall &&
-                            static_cast<int>(req.splits.size()) != size)) {
+      if (req.rank != r ||
+          (req.type == OpType::kAlltoall && static_cast<int>(req.splits.size()) != size)) {
         *ok = false;
         *error = "rank " + std::to_string(r) + " sent a malformed request for '" + req.name +
                  "' (a different build or a corrupted connection)";
@@ -414,7 +415,8 @@ void Controller::InspectStalls(const std::vector<RequestList>& lists, ResponseLi
   if (!where.empty()) where = "\nwhere the ranks wait (the Python caller):" + where;
   std::string message =
       "stalled collectives: some ranks submitted these and others have not (a rank skipped "
-      "a collective, submitted a different name, or is stuck):" + report + where;
+      "a collective, submitted a different name, or is stuck):" +
+      report + where;
   HVD_LOG(kWarning) << message;
   if (fatal) {
     out->fatal = message + "\nstopping the job (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=" +
@@ -442,17 +444,20 @@ Response Controller::Match(const std::vector<Request>& reqs, int size) {
   };
   for (const auto& r : reqs) {
     if (r.type != a.type) {
-      return fail("collective operations",
-                  Disagreement(reqs, [](const Request& q) { return std::string(OpTypeName(q.type)); }));
+      return fail("collective operations", Disagreement(reqs, [](const Request& q) {
+                    return std::string(OpTypeName(q.type));
+                  }));
     }
   }
   for (const auto& r : reqs) {
     if (!std::isfinite(r.prescale) || !std::isfinite(r.postscale)) {
       resp.error = "The scale factors of '" + a.name + "' must be finite numbers: " +
-                   Disagreement(reqs, [](const Request& q) {
-                     return "prescale " + std::to_string(q.prescale) + " / postscale " +
-                            std::to_string(q.postscale);
-                   }) + ".";
+                   Disagreement(reqs,
+                                [](const Request& q) {
+                                  return "prescale " + std::to_string(q.prescale) +
+                                         " / postscale " + std::to_string(q.postscale);
+                                }) +
+                   ".";
       return resp;
     }
   }
@@ -463,12 +468,14 @@ Response Controller::Match(const std::vector<Request>& reqs, int size) {
                   }));
     }
     if (r.dtype != a.dtype) {
-      return fail("data types",
-                  Disagreement(reqs, [](const Request& q) { return std::string(DataTypeName(q.dtype)); }));
+      return fail("data types", Disagreement(reqs, [](const Request& q) {
+                    return std::string(DataTypeName(q.dtype));
+                  }));
     }
     if (r.op != a.op) {
-      return fail("reduction ops",
-                  Disagreement(reqs, [](const Request& q) { return std::string(ReduceOpName(q.op)); }));
+      return fail("reduction ops", Disagreement(reqs, [](const Request& q) {
+                    return std::string(ReduceOpName(q.op));
+                  }));
     }
     if (r.prescale != a.prescale || r.postscale != a.postscale) {
       return fail("scale factors", Disagreement(reqs, [](const Request& q) {
@@ -526,9 +533,8 @@ Response Controller::Match(const std::vector<Request>& reqs, int size) {
     case OpType::kAddProcessSet:
       for (const auto& r : reqs) {
         if (r.splits != a.splits) {
-          return fail("process sets to add", Disagreement(reqs, [](const Request& q) {
-                        return ShapeStr(q.splits);
-                      }));
+          return fail("process sets to add",
+                      Disagreement(reqs, [](const Request& q) { return ShapeStr(q.splits); }));
         }
       }
       resp.rank_rows = a.splits;

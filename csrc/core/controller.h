@@ -4,10 +4,10 @@
 // rank's pending cache hits, plus a "needs a full cycle" flag), no coordinator hop.
 // Up to kPerRankBitsMaxRanks ranks it is an allgather (ControlPlane::Allgather), so
 // the coordinator sees which rank is ready when (timeline); beyond, an AND/OR
-// allreduce (ControlPlane::AllreduceBits: O(log n) rounds of O(capacity) bits). A full cycle runs instead whenever any rank sets the
-// flag: it has a request the cache cannot serve, a stale cache entry, a pending
-// join or shutdown, or (coordinator) an autotune setting or a stall report to send.
-// A full cycle:
+// allreduce (ControlPlane::AllreduceBits: O(log n) rounds of O(capacity) bits). A full cycle runs
+// instead whenever any rank sets the flag: it has a request the cache cannot serve, a stale cache
+// entry, a pending join or shutdown, or (coordinator) an autotune setting or a stall report to
+// send. A full cycle:
 //   1. sort this rank's new requests into cache hits (a bit) and misses (full text);
 //   2. gather every rank's RequestList at the coordinator (rank 0);
 //   3. the coordinator ANDs ready bits, ORs invalid bits, matches full requests by
@@ -117,8 +117,7 @@ class Controller {
 
   // Stall inspector state: cache positions some ranks have pending, since when.
   // failed: group id (of any rank's request of a failed name) -> its error.
-  void FailRestOfFailedGroups(const std::map<int64_t, std::string>& failed,
-                              ResponseList* out);
+  void FailRestOfFailedGroups(const std::map<int64_t, std::string>& failed, ResponseList* out);
   void InspectStalls(const std::vector<RequestList>& lists, ResponseList* out);
   std::vector<std::string> waits_;
   StallOptions stall_;
@@ -127,12 +126,12 @@ class Controller {
   std::chrono::steady_clock::time_point last_stall_log_{};
 
   bool steady_exchange_ = true;
-  bool fast_ok_ = false;       // a full cycle succeeded: capacities agree
-  bool join_pending_ = false;  // this rank asked to join and the join has not completed
+  bool fast_ok_ = false;                   // a full cycle succeeded: capacities agree
+  bool join_pending_ = false;              // this rank asked to join and the join has not completed
   std::vector<uint64_t> pending_invalid_;  // stale cache positions found since last cycle
-  bool params_pending_ = false;  // coordinator: autotune setting to send in a full cycle
+  bool params_pending_ = false;            // coordinator: autotune setting to send in a full cycle
   TunedParams pending_params_;
-  bool stall_due_ = false;  // coordinator: a stall report is due (needs a full cycle)
+  bool stall_due_ = false;       // coordinator: a stall report is due (needs a full cycle)
   bool fast_need_full_ = false;  // this cycle: this rank needs a full cycle
 
   Timeline* timeline_ = nullptr;

@@ -15,7 +15,7 @@ namespace hvd {
 struct Submission {
   Request request;
   at::Tensor input;
-  at::Tensor output;  // allreduce / broadcast: where the result goes (may alias input)
+  at::Tensor output;           // allreduce / broadcast: where the result goes (may alias input)
   int32_t process_set_id = 0;  // 0: all ranks
   // Allreduce of a CUDA floating-point tensor only (Compression.fp16/bf16 in the C++
   // gradient hooks): the dtype it is sent and reduced in. The request carries it;

@@ -32,7 +32,8 @@ std::vector<std::vector<size_t>> PlanFusion(const std::vector<Response>& respons
   int64_t batch_bytes = 0;
   for (size_t i = 0; i < responses.size(); ++i) {
     int64_t bytes = ResponseBytes(responses[i]);
-    if (!batches.empty() && Fusable(responses[batches.back().front()], responses[i], separate_groups) &&
+    if (!batches.empty() &&
+        Fusable(responses[batches.back().front()], responses[i], separate_groups) &&
         batch_bytes + bytes <= threshold_bytes) {
       batches.back().push_back(i);
       batch_bytes += bytes;

@@ -17,8 +17,7 @@ namespace hvd {
 // With separate_groups (HOROVOD_DISABLE_GROUP_FUSION) only members of the same
 // group (or ungrouped ops) are packed together.
 std::vector<std::vector<size_t>> PlanFusion(const std::vector<Response>& responses,
-                                            int64_t threshold_bytes,
-                                            bool separate_groups = false);
+                                            int64_t threshold_bytes, bool separate_groups = false);
 
 // Whether this process set's new requests may wait for the GPU collectives it
 // already enqueued to finish: only GPU allreduces, together smaller than the

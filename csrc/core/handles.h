@@ -139,11 +139,11 @@ class HandleState {
   CondVar cv_;
   bool done_ HVD_GUARDED_BY(mu_) = false;
   std::atomic<bool> done_flag_{false};  // done_, readable without mu_ (Wait's spin)
-  Status status_ HVD_GUARDED_BY(mu_);  // immutable once done_
+  Status status_ HVD_GUARDED_BY(mu_);   // immutable once done_
   at::Tensor output_;
   at::Tensor splits_;
   std::shared_ptr<GpuEvent> event_;
-  const std::shared_ptr<Waiters> waiters_;  // may be null
+  const std::shared_ptr<Waiters> waiters_;         // may be null
   const std::shared_ptr<NameReservations> names_;  // may be null
   const std::string name_;
   std::atomic<bool> name_released_{false};

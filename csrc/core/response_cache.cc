@@ -8,8 +8,7 @@ ResponseCache::ResponseCache(size_t capacity) : capacity_(capacity), entries_(ca
   for (size_t i = capacity; i > 0; --i) free_.push_back(static_cast<int>(i - 1));
 }
 
-int ResponseCache::Lookup(const std::string& name, const std::string& signature,
-                          bool* same) const {
+int ResponseCache::Lookup(const std::string& name, const std::string& signature, bool* same) const {
   auto it = by_name_.find(name);
   if (it == by_name_.end()) return -1;
   *same = entries_[it->second].signature == signature;

@@ -103,8 +103,8 @@ Status Runtime::Create(const WorldInfo& world, const Config& config,
     rt->params_snapshot_ = initial;
     if (autotune) rt->autotune_done_ = false;
   }
-  HVD_LOG(kInfo) << "rank " << world.rank << " of " << world.size << " ready: "
-                 << (rt->world_.use_mpi ? "MPI" : "TCP mesh")
+  HVD_LOG(kInfo) << "rank " << world.rank << " of " << world.size
+                 << " ready: " << (rt->world_.use_mpi ? "MPI" : "TCP mesh")
                  << (rt->gpu_ ? " and NCCL" : "") << ", fusion threshold "
                  << config.fusion_threshold_bytes << " bytes, response cache "
                  << config.cache_capacity << " entries"
@@ -145,8 +145,10 @@ Status Runtime::ControlTimeline(TimelineCommand command) {
   uint64_t seq = ++timeline_requested_;
   cv_.NotifyAll();
   timeline_cv_.Wait(mu_, [&]() HVD_REQUIRES(mu_) { return timeline_applied_ >= seq || stopped_; });
-  if (timeline_applied_ < seq) return Status::Aborted("horovod_torch stopped before the timeline "
-                                                      "command ran");
+  if (timeline_applied_ < seq)
+    return Status::Aborted(
+        "horovod_torch stopped before the timeline "
+        "command ran");
   return timeline_status_;
 }
 
@@ -209,8 +211,7 @@ void Runtime::Loop() {
       });
       if (!fresh_.empty() && wake_delay_us > 0) {
         lock.Unlock();
-        std::this_thread::sleep_for(
-            std::chrono::microseconds(static_cast<int64_t>(wake_delay_us)));
+        std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(wake_delay_us)));
         lock.Lock();
       }
       if (config_.batch_while_busy != 0) HoldWhileGpuBusy();
@@ -235,8 +236,8 @@ void Runtime::Loop() {
       ProcessSetState& ps = *it->second;
       std::vector<Response> responses;
       ps.controller->SetWaits(waits);
-      st = ps.controller->Cycle(std::move(fresh[ps.id]), want_shutdown && ps.id == 0,
-                                &responses, &shutdown);
+      st = ps.controller->Cycle(std::move(fresh[ps.id]), want_shutdown && ps.id == 0, &responses,
+                                &shutdown);
       if (!responses.empty() && ps.id == 0) timeline_.MarkCycle();
       if (st.ok()) st = Execute(ps, responses);
       busy = busy || !responses.empty();
@@ -287,8 +288,7 @@ void Runtime::HoldWhileGpuBusy() {
     std::vector<GpuBackend*> gpus;
     for (const auto& kv : fresh_) {
       auto it = sets_.find(kv.first);
-      if (it == sets_.end() || it->second->gpu == nullptr ||
-          !WorthHolding(kv.second, threshold)) {
+      if (it == sets_.end() || it->second->gpu == nullptr || !WorthHolding(kv.second, threshold)) {
         return;
       }
       gpus.push_back(it->second->gpu);
@@ -345,10 +345,9 @@ void Runtime::FailAll(const Status& status) {
 }
 
 Entry Runtime::JoinedEntry(const Response& r) {
-  static const at::ScalarType kTypes[] = {at::kByte,     at::kChar,  at::kShort,
-                                          at::kInt,      at::kLong,  at::kHalf,
-                                          at::kBFloat16, at::kFloat, at::kDouble,
-                                          at::kBool};
+  static const at::ScalarType kTypes[] = {at::kByte,   at::kChar, at::kShort,    at::kInt,
+                                          at::kLong,   at::kHalf, at::kBFloat16, at::kFloat,
+                                          at::kDouble, at::kBool};
   auto options = at::TensorOptions().dtype(kTypes[static_cast<int>(r.dtype)]);
   if (r.on_gpu) options = options.device(at::kCUDA);  // the current CUDA device
   Entry e;
@@ -369,8 +368,7 @@ Status Runtime::Execute(ProcessSetState& ps, const std::vector<Response>& respon
     }
   }
   const int64_t threshold = controller_->params().fusion_threshold_bytes;
-  for (const auto& batch :
-       PlanFusion(responses, threshold, config_.disable_group_fusion != 0)) {
+  for (const auto& batch : PlanFusion(responses, threshold, config_.disable_group_fusion != 0)) {
     std::vector<Entry> entries;
     {
       MutexLock lock(mu_);
@@ -431,8 +429,10 @@ Status Runtime::Execute(ProcessSetState& ps, const std::vector<Response>& respon
     } catch (const std::exception& e) {
       // A torch error on this thread: fail the ops (and the engine, as for any
       // error here) with its message; never std::terminate the user's process.
-      st = Status::Aborted(std::string("'") + first.name + "' failed in the background "
-                           "thread: " + e.what());
+      st = Status::Aborted(std::string("'") + first.name +
+                           "' failed in the background "
+                           "thread: " +
+                           e.what());
     }
     TraceEnd(rs);
     if (!st.ok()) {

@@ -44,7 +44,7 @@ struct WorldInfo {
   std::string store_host;  // empty: no store (a world of one)
   int store_port = 0;
   std::string secret;
-  std::string prefix;  // rendezvous namespace, unique per init (e.g. "gen3")
+  std::string prefix;    // rendezvous namespace, unique per init (e.g. "gen3")
   bool use_mpi = false;  // set by Create: the communicator came from MpiSetup
 };
 
@@ -105,7 +105,7 @@ class Runtime {
   // global set (id 0) or a process set this rank belongs to.
   struct ProcessSetState {
     int32_t id = 0;
-    Communicator* transport = nullptr;           // its communicator
+    Communicator* transport = nullptr;            // its communicator
     std::unique_ptr<Communicator> own_transport;  // a subset of the world's (not for id 0)
     Controller* controller = nullptr;
     std::unique_ptr<Controller> own_controller;
@@ -156,8 +156,8 @@ class Runtime {
   CondVar cv_;
   std::map<int32_t, std::vector<Request>> fresh_ HVD_GUARDED_BY(mu_);  // by process set
   std::map<int32_t, std::vector<int>> set_ranks_ HVD_GUARDED_BY(mu_);  // registered sets
-  std::atomic<bool> has_fresh_{false};               // hint for the spinning loop
-  std::atomic<bool> gpu_seen_{false};                // a CUDA tensor was submitted
+  std::atomic<bool> has_fresh_{false};                                 // hint for the spinning loop
+  std::atomic<bool> gpu_seen_{false};  // a CUDA tensor was submitted
   // Callers blocked waiting for their ops; shared with their handles.
   const std::shared_ptr<Waiters> waiters_ = std::make_shared<Waiters>();
   // Names of ops whose handles are held; shared with the handles, which release them.

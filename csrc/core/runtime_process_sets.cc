@@ -38,8 +38,8 @@ Status Runtime::ChangeProcessSets(const Response& r, Entry& e) {
     {
       MutexLock lock(mu_);
       if (set_ranks_.erase(id) == 0) {
-        e.handle->Complete(Status::InvalidArgument(
-            "remove_process_set: no process set with id " + std::to_string(id)));
+        e.handle->Complete(Status::InvalidArgument("remove_process_set: no process set with id " +
+                                                   std::to_string(id)));
         return Status::Ok();
       }
       fresh_.erase(id);

@@ -12,17 +12,38 @@ namespace {
 
 bool ToDataType(at::ScalarType t, DataType* out) {
   switch (t) {
-    case at::kByte: *out = DataType::kUInt8; return true;
-    case at::kChar: *out = DataType::kInt8; return true;
-    case at::kShort: *out = DataType::kInt16; return true;
-    case at::kInt: *out = DataType::kInt32; return true;
-    case at::kLong: *out = DataType::kInt64; return true;
-    case at::kHalf: *out = DataType::kFloat16; return true;
-    case at::kBFloat16: *out = DataType::kBFloat16; return true;
-    case at::kFloat: *out = DataType::kFloat32; return true;
-    case at::kDouble: *out = DataType::kFloat64; return true;
-    case at::kBool: *out = DataType::kBool; return true;
-    default: return false;
+    case at::kByte:
+      *out = DataType::kUInt8;
+      return true;
+    case at::kChar:
+      *out = DataType::kInt8;
+      return true;
+    case at::kShort:
+      *out = DataType::kInt16;
+      return true;
+    case at::kInt:
+      *out = DataType::kInt32;
+      return true;
+    case at::kLong:
+      *out = DataType::kInt64;
+      return true;
+    case at::kHalf:
+      *out = DataType::kFloat16;
+      return true;
+    case at::kBFloat16:
+      *out = DataType::kBFloat16;
+      return true;
+    case at::kFloat:
+      *out = DataType::kFloat32;
+      return true;
+    case at::kDouble:
+      *out = DataType::kFloat64;
+      return true;
+    case at::kBool:
+      *out = DataType::kBool;
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -53,10 +74,11 @@ Status Runtime::CheckLocal(const Submission& s, const std::vector<int>* set_rank
       return Status::InvalidArgument("add_process_set: a process set needs at least one rank");
     }
     for (size_t i = 0; i < r.splits.size(); ++i) {
-      if (r.splits[i] < 0 || r.splits[i] >= world_.size || (i > 0 && r.splits[i] <= r.splits[i - 1])) {
-        return Status::InvalidArgument(
-            "add_process_set: ranks must be distinct and in [0, " + std::to_string(world_.size) +
-            "); got rank " + std::to_string(r.splits[i]));
+      if (r.splits[i] < 0 || r.splits[i] >= world_.size ||
+          (i > 0 && r.splits[i] <= r.splits[i - 1])) {
+        return Status::InvalidArgument("add_process_set: ranks must be distinct and in [0, " +
+                                       std::to_string(world_.size) + "); got rank " +
+                                       std::to_string(r.splits[i]));
       }
     }
     return Status::Ok();
@@ -90,8 +112,10 @@ Status Runtime::CheckLocal(const Submission& s, const std::vector<int>* set_rank
   }
   if (s.wire && (r.type != OpType::kAllreduce || !s.input.is_cuda() ||
                  !at::isFloatingType(s.input.scalar_type()) || !at::isFloatingType(*s.wire))) {
-    return Status::InvalidArgument("internal: a wire dtype is for allreduces of CUDA "
-                                   "floating-point tensors only ('" + r.name + "')");
+    return Status::InvalidArgument(
+        "internal: a wire dtype is for allreduces of CUDA "
+        "floating-point tensors only ('" +
+        r.name + "')");
   }
   if (!s.input.is_contiguous() || (s.output.defined() && !s.output.is_contiguous())) {
     return Status::InvalidArgument(std::string(op) + " of '" + r.name +
@@ -109,8 +133,8 @@ Status Runtime::CheckLocal(const Submission& s, const std::vector<int>* set_rank
                                    "': op=Adasum is not supported by this engine yet; use Sum or "
                                    "Average");
   }
-  if (dt == DataType::kBool && (r.op == ReduceOp::kAverage || r.prescale != 1.0 ||
-                                r.postscale != 1.0) && reduces) {
+  if (dt == DataType::kBool &&
+      (r.op == ReduceOp::kAverage || r.prescale != 1.0 || r.postscale != 1.0) && reduces) {
     return Status::InvalidArgument(std::string(op) + " of '" + r.name +
                                    "': bool tensors cannot be averaged or scaled; use Sum (logical "
                                    "or), Min or Max");
@@ -126,13 +150,13 @@ Status Runtime::CheckLocal(const Submission& s, const std::vector<int>* set_rank
   if (r.type == OpType::kAlltoall) {
     if (static_cast<int>(r.splits.size()) != set_size) {
       return Status::InvalidArgument("alltoall of '" + r.name + "': splits has " +
-                                     std::to_string(r.splits.size()) +
-                                     " entries, but there are " + std::to_string(set_size) +
-                                     " ranks; give one count per rank");
+                                     std::to_string(r.splits.size()) + " entries, but there are " +
+                                     std::to_string(set_size) + " ranks; give one count per rank");
     }
     int64_t sum = 0;
     for (int64_t x : r.splits) {
-      if (x < 0) return Status::InvalidArgument("alltoall of '" + r.name + "': splits must be >= 0");
+      if (x < 0)
+        return Status::InvalidArgument("alltoall of '" + r.name + "': splits must be >= 0");
       sum += x;
     }
     if (sum != s.input.size(0)) {

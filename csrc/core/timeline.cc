@@ -36,9 +36,8 @@ Status Timeline::Start(const std::string& path, bool mark_cycles) {
   Stop();
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr) {
-    return Status::InvalidArgument("cannot write the timeline to '" + path +
-                                   "': " + std::strerror(errno) +
-                                   "; give a path in a writable directory");
+    return Status::InvalidArgument("cannot write the timeline to '" + path + "': " +
+                                   std::strerror(errno) + "; give a path in a writable directory");
   }
   file_ = f;
   mark_cycles_ = mark_cycles;
@@ -58,8 +57,9 @@ void Timeline::Stop() {
     }
   }
   // A last event without a trailing comma closes the array: the file is strict JSON.
-  std::fprintf(file_, "{\"name\": \"TIMELINE_END\", \"ph\": \"i\", \"s\": \"g\", \"ts\": %lld, "
-                      "\"pid\": 0, \"tid\": 0}\n]\n",
+  std::fprintf(file_,
+               "{\"name\": \"TIMELINE_END\", \"ph\": \"i\", \"s\": \"g\", \"ts\": %lld, "
+               "\"pid\": 0, \"tid\": 0}\n]\n",
                static_cast<long long>(NowUs()));
   std::fclose(file_);
   file_ = nullptr;
@@ -67,8 +67,8 @@ void Timeline::Stop() {
 }
 
 int64_t Timeline::NowUs() const {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::steady_clock::now() - start_)
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
+                                                               start_)
       .count();
 }
 
@@ -85,8 +85,7 @@ Timeline::Row& Timeline::RowOf(const std::string& name) {
   return row;
 }
 
-void Timeline::Event(const Row& row, char phase, const std::string& event_name,
-                     const char* extra) {
+void Timeline::Event(const Row& row, char phase, const std::string& event_name, const char* extra) {
   std::string name_field = event_name.empty() ? "" : "\"name\": " + JsonString(event_name) + ", ";
   std::fprintf(file_, "{%s\"ph\": \"%c\", \"ts\": %lld, \"pid\": %d, \"tid\": 0%s},\n",
                name_field.c_str(), phase, static_cast<long long>(NowUs()), row.pid,

@@ -57,10 +57,14 @@ void InitTypes() {
 
 MPI_Op OpOf(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kMin: return g_ops[1];
-    case ReduceOp::kMax: return g_ops[2];
-    case ReduceOp::kProduct: return g_ops[3];
-    default: return g_ops[0];
+    case ReduceOp::kMin:
+      return g_ops[1];
+    case ReduceOp::kMax:
+      return g_ops[2];
+    case ReduceOp::kProduct:
+      return g_ops[3];
+    default:
+      return g_ops[0];
   }
 }
 
@@ -84,8 +88,9 @@ Status ToInts(const std::vector<size_t>& v, std::vector<int>* counts, std::vecto
   size_t off = 0;
   for (size_t i = 0; i < v.size(); ++i) {
     if (v[i] > static_cast<size_t>(INT_MAX) || off > static_cast<size_t>(INT_MAX)) {
-      return Status::InvalidArgument("the MPI transport moves at most 2 GiB per rank per op; "
-                                     "split the tensor or use the TCP transport");
+      return Status::InvalidArgument(
+          "the MPI transport moves at most 2 GiB per rank per op; "
+          "split the tensor or use the TCP transport");
     }
     (*counts)[i] = static_cast<int>(v[i]);
     (*displs)[i] = static_cast<int>(off);
@@ -110,15 +115,16 @@ class MpiCommunicator : public Communicator {
   Status Gather(const std::string& mine, std::vector<std::string>* all) override {
     int64_t len = static_cast<int64_t>(mine.size());
     std::vector<int64_t> lens(rank_ == 0 ? size_ : 0);
-    HVD_RETURN_IF_ERROR(Check(MPI_Gather(&len, 1, MPI_INT64_T, lens.data(), 1, MPI_INT64_T, 0,
-                                         comm_), "MPI_Gather"));
+    HVD_RETURN_IF_ERROR(Check(
+        MPI_Gather(&len, 1, MPI_INT64_T, lens.data(), 1, MPI_INT64_T, 0, comm_), "MPI_Gather"));
     std::vector<size_t> sizes(lens.begin(), lens.end());
     std::vector<int> counts, displs;
     if (rank_ == 0) HVD_RETURN_IF_ERROR(ToInts(sizes, &counts, &displs));
     std::string buf(rank_ == 0 ? displs.back() + counts.back() : 0, '\0');
-    HVD_RETURN_IF_ERROR(Check(MPI_Gatherv(mine.data(), static_cast<int>(mine.size()), MPI_BYTE,
-                                          &buf[0], counts.data(), displs.data(), MPI_BYTE, 0,
-                                          comm_), "MPI_Gatherv"));
+    HVD_RETURN_IF_ERROR(
+        Check(MPI_Gatherv(mine.data(), static_cast<int>(mine.size()), MPI_BYTE, &buf[0],
+                          counts.data(), displs.data(), MPI_BYTE, 0, comm_),
+              "MPI_Gatherv"));
     if (rank_ == 0) {
       all->resize(size_);
       for (int r = 0; r < size_; ++r) (*all)[r] = buf.substr(displs[r], counts[r]);
@@ -136,8 +142,8 @@ class MpiCommunicator : public Communicator {
   Status Allgather(const std::string& mine, std::vector<std::string>* all) override {
     const int n = static_cast<int>(mine.size());
     std::string buf(static_cast<size_t>(n) * size_, '\0');
-    HVD_RETURN_IF_ERROR(Check(MPI_Allgather(mine.data(), n, MPI_BYTE, &buf[0], n, MPI_BYTE,
-                                            comm_), "MPI_Allgather"));
+    HVD_RETURN_IF_ERROR(Check(MPI_Allgather(mine.data(), n, MPI_BYTE, &buf[0], n, MPI_BYTE, comm_),
+                              "MPI_Allgather"));
     all->resize(size_);
     for (int r = 0; r < size_; ++r) (*all)[r] = buf.substr(static_cast<size_t>(r) * n, n);
     return Status::Ok();
@@ -146,7 +152,8 @@ class MpiCommunicator : public Communicator {
   Status Allreduce(void* buf, size_t count, DataType dtype, ReduceOp op) override {
     if (size_ == 1 || count == 0) return Status::Ok();
     std::vector<size_t> counts(size_);
-    for (int r = 0; r < size_; ++r) counts[r] = count / size_ + (r < static_cast<int>(count % size_));
+    for (int r = 0; r < size_; ++r)
+      counts[r] = count / size_ + (r < static_cast<int>(count % size_));
     std::vector<int> c, d;
     HVD_RETURN_IF_ERROR(ToInts(counts, &c, &d));
     const size_t esize = DataTypeSize(dtype);
@@ -161,8 +168,9 @@ class MpiCommunicator : public Communicator {
   Status Allgatherv(const void* send, void* recv, const std::vector<size_t>& bytes) override {
     std::vector<int> c, d;
     HVD_RETURN_IF_ERROR(ToInts(bytes, &c, &d));
-    return Check(MPI_Allgatherv(send, c[rank_], MPI_BYTE, recv, c.data(), d.data(), MPI_BYTE,
-                                comm_), "MPI_Allgatherv");
+    return Check(
+        MPI_Allgatherv(send, c[rank_], MPI_BYTE, recv, c.data(), d.data(), MPI_BYTE, comm_),
+        "MPI_Allgatherv");
   }
 
   Status Broadcast(void* buf, size_t bytes, int root) override {
@@ -178,15 +186,17 @@ class MpiCommunicator : public Communicator {
     HVD_RETURN_IF_ERROR(ToInts(send_bytes, &sc, &sd));
     HVD_RETURN_IF_ERROR(ToInts(recv_bytes, &rc, &rd));
     return Check(MPI_Alltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(),
-                               MPI_BYTE, comm_), "MPI_Alltoallv");
+                               MPI_BYTE, comm_),
+                 "MPI_Alltoallv");
   }
 
   Status Reducescatter(void* buf, const std::vector<size_t>& counts, DataType dtype, ReduceOp op,
                        void* out) override {
     std::vector<int> c, d;
     HVD_RETURN_IF_ERROR(ToInts(counts, &c, &d));
-    return Check(MPI_Reduce_scatter(buf, out, c.data(), g_types[static_cast<int>(dtype)],
-                                    OpOf(op), comm_), "MPI_Reduce_scatter");
+    return Check(
+        MPI_Reduce_scatter(buf, out, c.data(), g_types[static_cast<int>(dtype)], OpOf(op), comm_),
+        "MPI_Reduce_scatter");
   }
 
   void Abort() override {}
@@ -194,8 +204,8 @@ class MpiCommunicator : public Communicator {
   Status Subset(const std::vector<int>& members, std::unique_ptr<Communicator>* out) override {
     bool in = std::find(members.begin(), members.end(), rank_) != members.end();
     MPI_Comm sub = MPI_COMM_NULL;
-    HVD_RETURN_IF_ERROR(Check(MPI_Comm_split(comm_, in ? 0 : MPI_UNDEFINED, rank_, &sub),
-                              "MPI_Comm_split"));
+    HVD_RETURN_IF_ERROR(
+        Check(MPI_Comm_split(comm_, in ? 0 : MPI_UNDEFINED, rank_, &sub), "MPI_Comm_split"));
     out->reset(sub == MPI_COMM_NULL ? nullptr : new MpiCommunicator(sub));
     return Status::Ok();
   }
@@ -231,8 +241,8 @@ Status MpiSetup(const std::vector<int>& ranks, int64_t fortran_handle, bool seri
         "background thread); initialise it with MPI_THREAD_MULTIPLE (mpi4py does by default)");
   }
   std::call_once(g_types_once, InitTypes);
-  MPI_Comm base = fortran_handle != 0 ? MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_handle))
-                                      : MPI_COMM_WORLD;
+  MPI_Comm base =
+      fortran_handle != 0 ? MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_handle)) : MPI_COMM_WORLD;
   MPI_Comm comm = MPI_COMM_NULL;
   if (!ranks.empty()) {
     int me = 0, n = 0;
@@ -245,11 +255,11 @@ Status MpiSetup(const std::vector<int>& ranks, int64_t fortran_handle, bool seri
       }
     }
     bool in = std::find(ranks.begin(), ranks.end(), me) != ranks.end();
-    HVD_RETURN_IF_ERROR(Check(MPI_Comm_split(MPI_COMM_WORLD, in ? 0 : MPI_UNDEFINED, me, &comm),
-                              "MPI_Comm_split"));
+    HVD_RETURN_IF_ERROR(
+        Check(MPI_Comm_split(MPI_COMM_WORLD, in ? 0 : MPI_UNDEFINED, me, &comm), "MPI_Comm_split"));
     if (comm == MPI_COMM_NULL) {
-      return Status::InvalidArgument("init(comm=[...]): MPI_COMM_WORLD rank " +
-                                     std::to_string(me) + " is not in the given ranks");
+      return Status::InvalidArgument("init(comm=[...]): MPI_COMM_WORLD rank " + std::to_string(me) +
+                                     " is not in the given ranks");
     }
   } else {
     HVD_RETURN_IF_ERROR(Check(MPI_Comm_dup(base, &comm), "MPI_Comm_dup"));

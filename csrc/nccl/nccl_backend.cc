@@ -1,8 +1,8 @@
 #include "nccl/nccl_backend.h"
 
 #include <c10/cuda/CUDACachingAllocator.h>
-#include <cuda_runtime_api.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
 
 #include <cstring>
 #include <mutex>
@@ -12,14 +12,13 @@
 namespace hvd {
 namespace {
 
-#define HVD_NCCL(call, comm)                                                        \
-  do {                                                                              \
-    ncclResult_t _r = (call);                                                       \
-    if (_r != ncclSuccess) {                                                        \
-      return Status::Aborted(std::string("NCCL error in " #call ": ") +             \
-                             ncclGetErrorString(_r) + " (" + ncclGetLastError(comm) + \
-                             ")");                                                  \
-    }                                                                               \
+#define HVD_NCCL(call, comm)                                                                     \
+  do {                                                                                           \
+    ncclResult_t _r = (call);                                                                    \
+    if (_r != ncclSuccess) {                                                                     \
+      return Status::Aborted(std::string("NCCL error in " #call ": ") + ncclGetErrorString(_r) + \
+                             " (" + ncclGetLastError(comm) + ")");                               \
+    }                                                                                            \
   } while (0)
 
 // CUDA events (timing disabled) are recycled: every op records two (ready and
@@ -89,25 +88,39 @@ class NcclEvent : public GpuEvent {
 // Max for "or" and Min for "and". Data movement uses bytes (ncclUint8).
 ncclDataType_t NcclType(at::ScalarType t) {
   switch (t) {
-    case at::kByte: return ncclUint8;
-    case at::kBool: return ncclUint8;
-    case at::kChar: return ncclInt8;
-    case at::kInt: return ncclInt32;
-    case at::kLong: return ncclInt64;
-    case at::kHalf: return ncclFloat16;
-    case at::kBFloat16: return ncclBfloat16;
-    case at::kFloat: return ncclFloat32;
-    case at::kDouble: return ncclFloat64;
-    default: return ncclInt32;  // int16 is widened first
+    case at::kByte:
+      return ncclUint8;
+    case at::kBool:
+      return ncclUint8;
+    case at::kChar:
+      return ncclInt8;
+    case at::kInt:
+      return ncclInt32;
+    case at::kLong:
+      return ncclInt64;
+    case at::kHalf:
+      return ncclFloat16;
+    case at::kBFloat16:
+      return ncclBfloat16;
+    case at::kFloat:
+      return ncclFloat32;
+    case at::kDouble:
+      return ncclFloat64;
+    default:
+      return ncclInt32;  // int16 is widened first
   }
 }
 
 ncclRedOp_t NcclOp(ReduceOp op, bool is_bool) {
   switch (op) {
-    case ReduceOp::kMin: return ncclMin;
-    case ReduceOp::kMax: return ncclMax;
-    case ReduceOp::kProduct: return is_bool ? ncclMin : ncclProd;
-    default: return is_bool ? ncclMax : ncclSum;
+    case ReduceOp::kMin:
+      return ncclMin;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kProduct:
+      return is_bool ? ncclMin : ncclProd;
+    default:
+      return is_bool ? ncclMax : ncclSum;
   }
 }
 
@@ -175,9 +188,12 @@ class FoldedOp {
   static bool Exact(at::ScalarType t, double f) {
     const float x = static_cast<float>(f);
     switch (t) {
-      case at::kHalf: return static_cast<double>(static_cast<float>(c10::Half(x))) == f;
-      case at::kBFloat16: return static_cast<double>(static_cast<float>(c10::BFloat16(x))) == f;
-      default: return true;  // float32 rounds 1/size as the mul_ kernel's factor does
+      case at::kHalf:
+        return static_cast<double>(static_cast<float>(c10::Half(x))) == f;
+      case at::kBFloat16:
+        return static_cast<double>(static_cast<float>(c10::BFloat16(x))) == f;
+      default:
+        return true;  // float32 rounds 1/size as the mul_ kernel's factor does
     }
   }
   // The scalar is read before the call returns (ncclScalarHostImmediate).
@@ -189,15 +205,28 @@ class FoldedOp {
 #else
     ncclResult_t res;
     switch (t) {
-      case at::kHalf: { c10::Half v(static_cast<float>(f)); res = Make(&v, ncclFloat16); break; }
+      case at::kHalf: {
+        c10::Half v(static_cast<float>(f));
+        res = Make(&v, ncclFloat16);
+        break;
+      }
       case at::kBFloat16: {
         c10::BFloat16 v(static_cast<float>(f));
         res = Make(&v, ncclBfloat16);
         break;
       }
-      case at::kFloat: { float v = static_cast<float>(f); res = Make(&v, ncclFloat32); break; }
-      case at::kDouble: { double v = f; res = Make(&v, ncclFloat64); break; }
-      default: return false;
+      case at::kFloat: {
+        float v = static_cast<float>(f);
+        res = Make(&v, ncclFloat32);
+        break;
+      }
+      case at::kDouble: {
+        double v = f;
+        res = Make(&v, ncclFloat64);
+        break;
+      }
+      default:
+        return false;
     }
     if (res != ncclSuccess) {
       status_ = Status::Aborted(std::string("NCCL error in ncclRedOpCreatePreMulSum: ") +
@@ -386,8 +415,8 @@ Status NcclBackend::Allreduce(Device& d, const std::vector<Response>& batch,
   }
   size_t want = std::max<size_t>(bytes, fusion_bytes);
   if (!d.fusion.defined() || Bytes(d.fusion) < bytes) {
-    d.fusion = at::empty({static_cast<int64_t>(want)},
-                         entries[0].sub.input.options().dtype(at::kByte));
+    d.fusion =
+        at::empty({static_cast<int64_t>(want)}, entries[0].sub.input.options().dtype(at::kByte));
   }
   at::Tensor buf = d.fusion.narrow(0, 0, static_cast<int64_t>(bytes)).view(wire);
   std::vector<at::Tensor> parts = buf.split_with_sizes(numels);
@@ -411,8 +440,7 @@ Status NcclBackend::Allgather(Device& d, const Response& r, Entry& e, at::Tensor
   bool even = std::all_of(r.rank_rows.begin(), r.rank_rows.end(),
                           [&](int64_t x) { return x == r.rank_rows[0]; });
   if (even) {
-    HVD_NCCL(ncclAllGather(in.data_ptr(), dst, r.rank_rows[0] * row, ncclUint8, d.comm,
-                           *d.stream),
+    HVD_NCCL(ncclAllGather(in.data_ptr(), dst, r.rank_rows[0] * row, ncclUint8, d.comm, *d.stream),
              d.comm);
     return Status::Ok();
   }
@@ -434,8 +462,8 @@ Status NcclBackend::Allgather(Device& d, const Response& r, Entry& e, at::Tensor
 Status NcclBackend::Broadcast(Device& d, const Response& r, Entry& e, at::Tensor* out) {
   *out = e.sub.output;
   if (rank_ == r.root && !out->is_same(e.sub.input)) out->copy_(e.sub.input);
-  HVD_NCCL(ncclBroadcast(out->data_ptr(), out->data_ptr(), Bytes(*out), ncclUint8, r.root,
-                         d.comm, *d.stream),
+  HVD_NCCL(ncclBroadcast(out->data_ptr(), out->data_ptr(), Bytes(*out), ncclUint8, r.root, d.comm,
+                         *d.stream),
            d.comm);
   return Status::Ok();
 }

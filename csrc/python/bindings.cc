@@ -9,8 +9,8 @@
 
 #include <atomic>
 #include <functional>
-#include <map>
 #include <limits>
+#include <map>
 #include <unordered_set>
 
 #include "common/config.h"
@@ -33,9 +33,9 @@ struct Globals {
   pid_t owner HVD_GUARDED_BY(mu) = 0;  // the process that created it
   HandleTable handles;
   bool mpi_threads HVD_GUARDED_BY(mu) = false;  // MPI_THREAD_MULTIPLE granted
-  std::atomic<double> wait_spin_us{0};    // HOROVOD_SPIN_US of the last init()
-  std::atomic<double> stall_warn_s{60};   // HOROVOD_STALL_CHECK_TIME_SECONDS (inf: off)
-  std::atomic<bool> native_grad_hooks{true};  // HOROVOD_NATIVE_GRAD_HOOKS of the last init()
+  std::atomic<double> wait_spin_us{0};          // HOROVOD_SPIN_US of the last init()
+  std::atomic<double> stall_warn_s{60};         // HOROVOD_STALL_CHECK_TIME_SECONDS (inf: off)
+  std::atomic<bool> native_grad_hooks{true};    // HOROVOD_NATIVE_GRAD_HOOKS of the last init()
 };
 
 Globals& G() {
@@ -51,8 +51,8 @@ bool ForkedChild() HVD_REQUIRES(G().mu) { return G().runtime && G().owner != get
 
 Status ForkedChildError() HVD_REQUIRES(G().mu) {
   return Status::InvalidArgument(
-      "horovod_torch was initialised in process " + std::to_string(G().owner) +
-      "; this process (" + std::to_string(getpid()) +
+      "horovod_torch was initialised in process " + std::to_string(G().owner) + "; this process (" +
+      std::to_string(getpid()) +
       ") is a child forked from it and cannot run collectives (run them in the parent, "
       "or start the child with the 'spawn' method and call hvd.init() there as a job of "
       "its own)");
@@ -79,8 +79,7 @@ py::tuple Err(const Status& s) { return py::make_tuple(static_cast<int>(s.code()
 
 // The one init() path. `make_world` runs under G().mu once no runtime is running,
 // and gives the world and, for MPI, its communicator (null: the TCP mesh).
-using WorldMaker =
-    std::function<Status(const Config&, WorldInfo*, std::unique_ptr<Communicator>*)>;
+using WorldMaker = std::function<Status(const Config&, WorldInfo*, std::unique_ptr<Communicator>*)>;
 
 py::tuple InitWith(const WorldMaker& make_world) {
   std::string env_error;
@@ -116,9 +115,9 @@ py::tuple InitWith(const WorldMaker& make_world) {
 
 // init() from the launcher's environment (horovodrun, elastic, torchrun, ...): the
 // TCP mesh through the rendezvous store.
-py::tuple Init(int rank, int size, int local_rank, int local_size, int cross_rank,
-               int cross_size, const std::string& store_host, int store_port,
-               const std::string& secret, const std::string& prefix) {
+py::tuple Init(int rank, int size, int local_rank, int local_size, int cross_rank, int cross_size,
+               const std::string& store_host, int store_port, const std::string& secret,
+               const std::string& prefix) {
   return InitWith([&](const Config&, WorldInfo* w, std::unique_ptr<Communicator>*) {
     *w = WorldInfo{rank,       size,       local_rank, local_size, cross_rank,
                    cross_size, store_host, store_port, secret,     prefix};
@@ -129,20 +128,20 @@ py::tuple Init(int rank, int size, int local_rank, int local_size, int cross_ran
 // init() under the MPI controller: rank, size and the communicator come from MPI
 // (MPI_COMM_WORLD, the ranks given, or an mpi4py communicator's Fortran handle).
 py::tuple InitMpi(std::vector<int> ranks, int64_t fortran_handle) {
-  return InitWith([&](const Config& config, WorldInfo* w,
-                      std::unique_ptr<Communicator>* transport) HVD_REQUIRES(G().mu) {
-    MpiWorld m;
-    HVD_RETURN_IF_ERROR(
-        MpiSetup(ranks, fortran_handle, config.mpi_threads_disable != 0, &m, transport));
-    G().mpi_threads = m.threads_supported;
-    w->rank = m.rank;
-    w->size = m.size;
-    w->local_rank = m.local_rank;
-    w->local_size = m.local_size;
-    w->cross_rank = m.cross_rank;
-    w->cross_size = m.cross_size;
-    return Status::Ok();
-  });
+  return InitWith([&](const Config& config, WorldInfo* w, std::unique_ptr<Communicator>* transport)
+                      HVD_REQUIRES(G().mu) {
+                        MpiWorld m;
+                        HVD_RETURN_IF_ERROR(MpiSetup(
+                            ranks, fortran_handle, config.mpi_threads_disable != 0, &m, transport));
+                        G().mpi_threads = m.threads_supported;
+                        w->rank = m.rank;
+                        w->size = m.size;
+                        w->local_rank = m.local_rank;
+                        w->local_size = m.local_size;
+                        w->cross_rank = m.cross_rank;
+                        w->cross_size = m.cross_size;
+                        return Status::Ok();
+                      });
 }
 
 void Shutdown() {
@@ -215,8 +214,8 @@ int64_t GroupId(const std::vector<std::string>& names) {
 // Submits one op per input; a group (grouped=true) is atomic and negotiated together.
 py::tuple Submit(int type, std::vector<at::Tensor> inputs,
                  std::vector<c10::optional<at::Tensor>> outputs, std::vector<std::string> names,
-                 int op, int root, double prescale, double postscale,
-                 std::vector<int64_t> splits, bool grouped, int process_set_id) {
+                 int op, int root, double prescale, double postscale, std::vector<int64_t> splits,
+                 bool grouped, int process_set_id) {
   std::vector<Submission> subs(inputs.size());
   const int64_t group = grouped ? GroupId(names) : 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -236,7 +235,8 @@ py::tuple Submit(int type, std::vector<at::Tensor> inputs,
   }
   const OpType t = static_cast<OpType>(type);
   if ((t == OpType::kBarrier || t == OpType::kJoin || t == OpType::kAddProcessSet ||
-       t == OpType::kRemoveProcessSet) && subs.empty()) {
+       t == OpType::kRemoveProcessSet) &&
+      subs.empty()) {
     subs.resize(1);
     subs[0].request.type = t;
     subs[0].request.name = names.empty() ? "barrier" : names[0];
@@ -253,8 +253,8 @@ py::tuple Submit(int type, std::vector<at::Tensor> inputs,
 
 // Fast path for one op (the optimizer's per-gradient hook): no lists.
 py::tuple SubmitOne(int type, const at::Tensor& input, const c10::optional<at::Tensor>& output,
-                    const std::string& name, int op, int root, double prescale,
-                    double postscale, int process_set_id) {
+                    const std::string& name, int op, int root, double prescale, double postscale,
+                    int process_set_id) {
   std::vector<Submission> subs(1);
   Submission& s = subs[0];
   s.process_set_id = process_set_id;
@@ -291,8 +291,10 @@ py::tuple Result(const HandleState& h) {
 std::string PythonCaller() {
   try {
     py::object stack = py::module_::import("traceback").attr("extract_stack")();
-    const std::string pkg = py::module_::import("os.path").attr("dirname")(
-        py::module_::import("horovod_torch").attr("__file__")).cast<std::string>();
+    const std::string pkg =
+        py::module_::import("os.path")
+            .attr("dirname")(py::module_::import("horovod_torch").attr("__file__"))
+            .cast<std::string>();
     const py::list frames(stack);
     for (size_t i = frames.size(); i-- > 0;) {
       py::handle frame = frames[i];
@@ -537,17 +539,17 @@ PYBIND11_MODULE(_C, m) {
 
   // Used by elastic workers to read their assignment and host updates.
   py::class_<StoreClient>(m, "StoreClient")
-      .def(py::init([](const std::string& host, int port, const std::string& secret,
-                       double timeout_s) {
-             std::unique_ptr<StoreClient> c;
-             Status st;
-             {
-               py::gil_scoped_release nogil;
-               st = StoreClient::Connect(host, port, secret, timeout_s, &c);
-             }
-             if (!st.ok()) throw std::runtime_error(st.message());
-             return c;
-           }),
+      .def(py::init(
+               [](const std::string& host, int port, const std::string& secret, double timeout_s) {
+                 std::unique_ptr<StoreClient> c;
+                 Status st;
+                 {
+                   py::gil_scoped_release nogil;
+                   st = StoreClient::Connect(host, port, secret, timeout_s, &c);
+                 }
+                 if (!st.ok()) throw std::runtime_error(st.message());
+                 return c;
+               }),
            py::arg("host"), py::arg("port"), py::arg("secret"), py::arg("timeout_s") = 30.0)
       .def("set",
            [](StoreClient& c, const std::string& k, const py::bytes& v) {
@@ -560,18 +562,19 @@ PYBIND11_MODULE(_C, m) {
              if (st.code() == StatusCode::kInvalidArgument) throw py::value_error(st.message());
              if (!st.ok()) throw std::runtime_error(st.message());
            })
-      .def("get",
-           [](StoreClient& c, const std::string& k, double timeout_s) -> py::object {
-             std::string v;
-             Status st;
-             {
-               py::gil_scoped_release nogil;
-               st = c.Get(k, timeout_s, &v);
-             }
-             if (!st.ok()) return py::none();
-             return py::bytes(v);
-           },
-           py::arg("key"), py::arg("timeout_s") = 0.0)
+      .def(
+          "get",
+          [](StoreClient& c, const std::string& k, double timeout_s) -> py::object {
+            std::string v;
+            Status st;
+            {
+              py::gil_scoped_release nogil;
+              st = c.Get(k, timeout_s, &v);
+            }
+            if (!st.ok()) return py::none();
+            return py::bytes(v);
+          },
+          py::arg("key"), py::arg("timeout_s") = 0.0)
       .def("add", [](StoreClient& c, const std::string& k, int64_t delta) {
         int64_t out = 0;
         Status st;

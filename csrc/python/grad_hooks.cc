@@ -9,7 +9,6 @@
 #include <torch/csrc/dynamo/compiled_autograd.h>
 #endif
 
-
 #include "common/thread_annotations.h"
 #include "python/module_state.h"
 
@@ -132,8 +131,8 @@ struct GradHooks::Hook : torch::autograd::FunctionPostHook {
 };
 
 GradHooks::GradHooks(std::vector<at::Tensor> params, std::vector<std::string> names, int op,
-                     double prescale, double postscale, int process_set_id,
-                     int passes_per_step, const std::string& wire)
+                     double prescale, double postscale, int process_set_id, int passes_per_step,
+                     const std::string& wire)
     : state_(std::make_shared<State>()) {
   if (params.size() != names.size()) throw py::value_error("GradHooks: one name per parameter");
   State& s = *state_;

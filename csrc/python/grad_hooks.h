@@ -28,9 +28,8 @@ namespace hvd {
 // destroying the GradHooks (the optimizer) detaches them.
 class GradHooks {
  public:
-  GradHooks(std::vector<at::Tensor> params, std::vector<std::string> names, int op,
-            double prescale, double postscale, int process_set_id, int passes_per_step,
-            const std::string& wire);
+  GradHooks(std::vector<at::Tensor> params, std::vector<std::string> names, int op, double prescale,
+            double postscale, int process_set_id, int passes_per_step, const std::string& wire);
   ~GradHooks();
 
   // [(parameter index, handle, the tensor reduced)] of the allreduces the hooks

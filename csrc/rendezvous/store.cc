@@ -54,11 +54,19 @@ bool ParseRequest(const std::string& bytes, Request* r) {
   r->op = rd.U8();
   r->key = rd.Str();
   switch (r->op) {
-    case kSet: r->value = rd.Str(); break;
-    case kGet: r->timeout_s = rd.F64(); break;
-    case kAdd: r->delta = rd.I64(); break;
-    case kLimit: break;
-    default: return false;
+    case kSet:
+      r->value = rd.Str();
+      break;
+    case kGet:
+      r->timeout_s = rd.F64();
+      break;
+    case kAdd:
+      r->delta = rd.I64();
+      break;
+    case kLimit:
+      break;
+    default:
+      return false;
   }
   return rd.ok() && rd.done();
 }
@@ -87,8 +95,8 @@ bool ParseReply(uint8_t op, const std::string& bytes, Reply* r) {
 StoreServer::StoreServer(const std::string& host, int port, std::string secret,
                          StoreOptions options)
     : secret_(std::move(secret)), options_(options) {
-  options_.max_frame = std::clamp<uint64_t>(options_.max_frame, kMaxHandshakeFrame,
-                                            kStoreMaxFrameLimit);
+  options_.max_frame =
+      std::clamp<uint64_t>(options_.max_frame, kMaxHandshakeFrame, kStoreMaxFrameLimit);
   status_ = Listen(host, port, &listener_, &port_);
   if (!status_.ok()) return;
   // poll() says when to accept; accept4 must then never block.
@@ -228,9 +236,8 @@ std::string StoreServer::Handle(const std::string& request) {
   } else if (req.op == kGet) {
     auto deadline = Clock::now() + Micros(WaitSeconds(req.timeout_s));
     MutexLock lock(mu_);
-    cv_.WaitUntil(mu_, deadline, [&]() HVD_REQUIRES(mu_) {
-      return stopping_ || data_.count(req.key) > 0;
-    });
+    cv_.WaitUntil(mu_, deadline,
+                  [&]() HVD_REQUIRES(mu_) { return stopping_ || data_.count(req.key) > 0; });
     auto it = data_.find(req.key);
     reply.ok = it != data_.end();
     if (reply.ok) reply.value = it->second;
@@ -314,15 +321,13 @@ Status StoreClient::Call(const store_wire::Request& request, double timeout_s,
   const std::string bytes = store_wire::EncodeRequest(request);
   MutexLock lock(mu_);
   if (bytes.size() > max_frame_) {
-    return Status::InvalidArgument("a rendezvous store request of " +
-                                   std::to_string(bytes.size()) +
+    return Status::InvalidArgument("a rendezvous store request of " + std::to_string(bytes.size()) +
                                    " bytes is larger than the " + std::to_string(max_frame_) +
                                    " bytes this store accepts");
   }
   HVD_RETURN_IF_ERROR(SendFrame(sock_.fd(), bytes, kIoTimeout));
   std::string got;
-  Status st = RecvFrame(sock_.fd(), &got, WaitSeconds(timeout_s) + kIoTimeout,
-                        kStoreMaxFrameLimit);
+  Status st = RecvFrame(sock_.fd(), &got, WaitSeconds(timeout_s) + kIoTimeout, kStoreMaxFrameLimit);
   if (!st.ok()) return Status::Aborted("lost the rendezvous store: " + st.message());
   if (!store_wire::ParseReply(request.op, got, reply)) {
     return Status::Aborted("the rendezvous store sent a malformed reply");

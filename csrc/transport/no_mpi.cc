@@ -5,8 +5,7 @@ namespace hvd {
 
 bool MpiBuilt() { return false; }
 
-Status MpiSetup(const std::vector<int>&, int64_t, bool, MpiWorld*,
-                std::unique_ptr<Communicator>*) {
+Status MpiSetup(const std::vector<int>&, int64_t, bool, MpiWorld*, std::unique_ptr<Communicator>*) {
   return Status::InvalidArgument(
       "this build of horovod_torch has no MPI support (mpicxx was not found when it was "
       "built); install MPI (e.g. libopenmpi-dev) and rebuild, or launch with horovodrun");

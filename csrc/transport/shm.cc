@@ -25,9 +25,9 @@ using namespace shm;  // NOLINT: this file implements the segment's protocol
 
 namespace {
 
-constexpr size_t kReduceBlock = 8192;  // bytes reduced over all ranks at a time
+constexpr size_t kReduceBlock = 8192;   // bytes reduced over all ranks at a time
 constexpr size_t kExchangeHeader = 64;  // a control message's length, then its bytes
-constexpr int kMaxThreads = 64;  // HOROVOD_SHM_THREADS above this is taken as this
+constexpr int kMaxThreads = 64;         // HOROVOD_SHM_THREADS above this is taken as this
 // How often a sleeping waiter wakes up to look at its peers and the clock.
 constexpr auto kTick = std::chrono::milliseconds(50);
 
@@ -169,7 +169,11 @@ class Helpers {
 }  // namespace shm
 
 ShmGroup::ShmGroup(int rank, int size, const ShmOptions& options, char* base, size_t bytes)
-    : rank_(rank), size_(size), options_(options), base_(base), bytes_(bytes),
+    : rank_(rank),
+      size_(size),
+      options_(options),
+      base_(base),
+      bytes_(bytes),
       header_(reinterpret_cast<SegmentHeader*>(base)),
       ranks_(reinterpret_cast<RankSlot*>(base + kRanksOffset)),
       data_(base + DataOffset(size)) {
@@ -205,8 +209,8 @@ void ShmGroup::Parallel(size_t bytes, const Fn& fn) {
     try {
       helpers_ = std::make_unique<Helpers>(threads_ - 1, spin_ns_);
     } catch (const std::system_error& e) {
-      HVD_LOG(kWarning) << "shared memory: could not start " << threads_ - 1
-                       << " helper threads (" << e.what() << "); copying on one thread";
+      HVD_LOG(kWarning) << "shared memory: could not start " << threads_ - 1 << " helper threads ("
+                        << e.what() << "); copying on one thread";
       threads_ = 1;
       fn(0, 1);
       return;
@@ -234,8 +238,8 @@ char* ShmGroup::Set(uint64_t set) const {
 Status ShmGroup::Create(const std::string& key, const std::string& secret, int rank, int size,
                         const ShmOptions& options, std::unique_ptr<ShmGroup>* out) {
   if (size < 1 || rank < 0 || rank >= size) {
-    return Status::InvalidArgument("ShmGroup: rank " + std::to_string(rank) +
-                                   " is not in [0, " + std::to_string(size) + ")");
+    return Status::InvalidArgument("ShmGroup: rank " + std::to_string(rank) + " is not in [0, " +
+                                   std::to_string(size) + ")");
   }
   if (options.timeout_s <= 0) return Status::InvalidArgument("ShmGroup: timeout_s must be > 0");
   ShmOptions opt = options;
@@ -250,8 +254,8 @@ Status ShmGroup::Create(const std::string& key, const std::string& secret, int r
     Socket memfd(::memfd_create("horovod_torch-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING));
     if (!memfd.valid()) return Status::Aborted(Errno(group + "memfd_create"));
     if (::ftruncate(memfd.fd(), static_cast<off_t>(bytes)) != 0) {
-      return Status::Aborted(Errno(group + "sizing the segment to " + std::to_string(bytes) +
-                                   " bytes"));
+      return Status::Aborted(
+          Errno(group + "sizing the segment to " + std::to_string(bytes) + " bytes"));
     }
     // Nobody may resize it under the others' mappings (that would be SIGBUS).
     ::fcntl(memfd.fd(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
@@ -374,8 +378,8 @@ Status ShmGroup::WaitGeneration(uint32_t seen) {
         }
       }
       std::string why = "local rank " + std::to_string(rank_) + " timed out after " +
-                        Secs(options_.timeout_s) + " waiting for local ranks [" +
-                        late + "] in a shared-memory collective (are they stuck or stopped?)";
+                        Secs(options_.timeout_s) + " waiting for local ranks [" + late +
+                        "] in a shared-memory collective (are they stuck or stopped?)";
       Poison(why);
       return Status::Aborted(why);
     }
@@ -425,9 +429,7 @@ Status ShmGroup::PoisonStatus() const {
                          std::to_string(who) + ": " + why);
 }
 
-void ShmGroup::Abort() {
-  Poison("Abort() was called on local rank " + std::to_string(rank_));
-}
+void ShmGroup::Abort() { Poison("Abort() was called on local rank " + std::to_string(rank_)); }
 
 Status ShmGroup::Ready() {
   if (failed_.ok() && header_->poison.load(std::memory_order_acquire) != 0) {
@@ -653,8 +655,8 @@ Status ShmGroup::Allgather(void* buf, const std::vector<size_t>& bytes) {
 Status ShmGroup::Broadcast(void* buf, size_t bytes, int root) {
   if (root < 0 || root >= size_) {
     return Status::InvalidArgument("ShmGroup::Broadcast: root " + std::to_string(root) +
-                                   " is not a local rank (local size " +
-                                   std::to_string(size_) + ")");
+                                   " is not a local rank (local size " + std::to_string(size_) +
+                                   ")");
   }
   HVD_RETURN_IF_ERROR(Ready());
   if (size_ == 1) return Status::Ok();

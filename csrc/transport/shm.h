@@ -93,8 +93,7 @@ class ShmGroup {
   // rank's segment (counts[rank] elements at offset sum(counts[0..rank))) holds
   // the reduction of that segment over the local ranks; the rest of buf is
   // unchanged.
-  Status ReduceScatter(void* buf, const std::vector<size_t>& counts, DataType dtype,
-                       ReduceOp op);
+  Status ReduceScatter(void* buf, const std::vector<size_t>& counts, DataType dtype, ReduceOp op);
   // In place: rank r's bytes[r] bytes lie at offset sum(bytes[0..r)) of buf; on
   // return every rank's buf holds every rank's bytes.
   Status Allgather(void* buf, const std::vector<size_t>& bytes);
@@ -141,17 +140,17 @@ class ShmGroup {
   const int rank_;
   const int size_;
   const ShmOptions options_;
-  char* const base_;                // the mapping
-  const size_t bytes_;              // its length
+  char* const base_;    // the mapping
+  const size_t bytes_;  // its length
   shm::SegmentHeader* const header_;
-  shm::RankSlot* const ranks_;      // size_ entries
-  char* const data_;                // the three buffers
-  uint64_t next_set_ = 0;           // rotation of the buffers (the same on every rank)
-  uint64_t calls_ = 0;              // collectives begun (selects the descriptor slot)
-  int64_t spin_ns_ = 0;             // busy-wait before a futex sleep
-  int threads_ = 1;                 // options_.threads resolved
+  shm::RankSlot* const ranks_;             // size_ entries
+  char* const data_;                       // the three buffers
+  uint64_t next_set_ = 0;                  // rotation of the buffers (the same on every rank)
+  uint64_t calls_ = 0;                     // collectives begun (selects the descriptor slot)
+  int64_t spin_ns_ = 0;                    // busy-wait before a futex sleep
+  int threads_ = 1;                        // options_.threads resolved
   std::unique_ptr<shm::Helpers> helpers_;  // created on the first step that uses them
-  Status failed_;                   // sticky: once a call failed with kAborted, all do
+  Status failed_;                          // sticky: once a call failed with kAborted, all do
 };
 
 }  // namespace hvd

@@ -127,13 +127,13 @@ Status RecvFd(int sock, Clock::time_point deadline, int* fd) {
 }  // namespace
 
 bool Descriptor::operator==(const Descriptor& o) const {
-  return kind == o.kind && dtype == o.dtype && op == o.op && count == o.count &&
-         root == o.root && layout == o.layout;
+  return kind == o.kind && dtype == o.dtype && op == o.op && count == o.count && root == o.root &&
+         layout == o.layout;
 }
 
 std::string Descriptor::ToString() const {
-  static const char* kNames[] = {"?", "Allreduce", "ReduceScatter", "Allgather", "Broadcast",
-                                 "Barrier", "Exchange"};
+  static const char* kNames[] = {"?",         "Allreduce", "ReduceScatter", "Allgather",
+                                 "Broadcast", "Barrier",   "Exchange"};
   std::string s = kNames[kind <= kExchangeCall ? kind : 0];
   if (kind == kAllreduceCall || kind == kReduceScatterCall) {
     s += std::string("(") + DataTypeName(static_cast<DataType>(dtype)) + ", " +
@@ -158,8 +158,7 @@ void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nano
 }
 
 void FutexWake(std::atomic<uint32_t>* word) {
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr,
-            0);
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
 uint64_t OwnStartTime() {
@@ -236,9 +235,8 @@ Status ServeSegment(const std::string& key, const std::string& secret, int size,
     ucred cred{};
     HVD_RETURN_IF_ERROR(PeerCred(conn.fd(), &cred));
     if (cred.uid != ::getuid()) {
-      HVD_LOG(kWarning) << group << "ignoring a connection from pid "
-                        << static_cast<int>(cred.pid) << " of another user (uid "
-                        << static_cast<int>(cred.uid) << ")";
+      HVD_LOG(kWarning) << group << "ignoring a connection from pid " << static_cast<int>(cred.pid)
+                        << " of another user (uid " << static_cast<int>(cred.uid) << ")";
       continue;
     }
     std::string tag;
@@ -284,7 +282,8 @@ Status FetchSegment(const std::string& key, const std::string& secret, int rank,
     }
     if (Clock::now() >= deadline) {
       return Status::Aborted("local rank " + std::to_string(rank) + " found no local rank 0 of " +
-                             group + "is local rank 0 alive, on this host, and in the same "
+                             group +
+                             "is local rank 0 alive, on this host, and in the same "
                              "network namespace (container)?");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));

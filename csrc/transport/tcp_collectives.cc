@@ -169,8 +169,8 @@ Status TcpTransport::AllreduceBits(std::vector<uint64_t>* and_bits,
 }
 
 void TcpTransport::AddBlocks(std::vector<Xfer>* xs, int peer, bool send, char* buf,
-                             const std::vector<size_t>& offsets,
-                             const std::vector<size_t>& bytes, int first, int count) {
+                             const std::vector<size_t>& offsets, const std::vector<size_t>& bytes,
+                             int first, int count) {
   // [first, first+count) mod n is one contiguous byte range, or two if it wraps.
   int end = std::min(first + count, size_);
   size_t len = 0;
@@ -248,7 +248,8 @@ Status TcpTransport::TreeScatter(char* buf, const std::vector<size_t>& offsets,
 Status TcpTransport::Broadcast(void* buf, size_t bytes, int root) {
   if (size_ == 1 || bytes == 0) return Status::Ok();
   char* p = static_cast<char*>(buf);
-  if (UseShm(options_.hierarchical_allreduce, bytes, true)) return local_->Broadcast(p, bytes, root);
+  if (UseShm(options_.hierarchical_allreduce, bytes, true))
+    return local_->Broadcast(p, bytes, root);
   if (bytes <= options_.small_allreduce_bytes || size_ == 2) return TreeBroadcast(p, bytes, root);
   // Large buffers: scatter one block per rank down the tree, then allgather them,
   // so the root sends the data about once instead of log2(n) times.
@@ -259,8 +260,8 @@ Status TcpTransport::Broadcast(void* buf, size_t bytes, int root) {
   return BruckAllgather(p, off, seg, root);
 }
 
-Status TcpTransport::Alltoallv(const void* send, const std::vector<size_t>& send_bytes,
-                               void* recv, const std::vector<size_t>& recv_bytes) {
+Status TcpTransport::Alltoallv(const void* send, const std::vector<size_t>& send_bytes, void* recv,
+                               const std::vector<size_t>& recv_bytes) {
   std::vector<size_t> soff = Offsets(send_bytes), roff = Offsets(recv_bytes);
   char* in = const_cast<char*>(static_cast<const char*>(send));
   char* out = static_cast<char*>(recv);

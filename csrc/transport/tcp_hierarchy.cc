@@ -65,13 +65,12 @@ Status TcpTransport::SetUpHierarchy(const std::string& secret, const std::string
   // About 64 MB of segment per host at most (three buffers of one slot per rank).
   so.slot_bytes = std::clamp<size_t>((64u << 20) / (3 * local.size()), 64u << 10, 1u << 20);
   // Unique to the job (its secret), the mesh generation (prefix) and the host.
-  std::string group = Hex(Sha256(secret)).substr(0, 16) + "/" + prefix + "/" +
-                      std::to_string(local[0]);
+  std::string group =
+      Hex(Sha256(secret)).substr(0, 16) + "/" + prefix + "/" + std::to_string(local[0]);
   Status st = ShmGroup::Create(group, secret, me, static_cast<int>(local.size()), so, &local_);
   if (!st.ok()) {
     return Status::Aborted("could not set up shared memory among the " +
-                           std::to_string(local.size()) + " ranks of this host (" +
-                           st.message() +
+                           std::to_string(local.size()) + " ranks of this host (" + st.message() +
                            "); set HOROVOD_HIERARCHICAL_ALLREDUCE=0 and "
                            "HOROVOD_HIERARCHICAL_ALLGATHER=0 to use TCP only");
   }
@@ -103,8 +102,7 @@ bool TcpTransport::UseShm(int knob, size_t bytes, bool need_one_host) const {
 // One host: the segment alone. Several: reduce-scatter within the host, allreduce
 // of this rank's share with the same share on every other host, allgather within
 // the host. Every step is deterministic, so all ranks get identical bits.
-Status TcpTransport::HierarchicalAllreduce(char* buf, size_t count, DataType dtype,
-                                           ReduceOp op) {
+Status TcpTransport::HierarchicalAllreduce(char* buf, size_t count, DataType dtype, ReduceOp op) {
   if (one_host_) return local_->Allreduce(buf, count, dtype, op);
   const int n = local_->size(), me = local_->rank();
   const size_t esize = DataTypeSize(dtype);

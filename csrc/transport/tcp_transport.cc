@@ -154,8 +154,8 @@ Status TcpTransport::Create(StoreClient* store, const std::string& prefix, int r
     hs.timeout_s = std::min(options.connect_timeout_s, kHandshakeTimeout);
     hs.who = "rank " + std::to_string(rank) + " (TCP mesh)";
     mesh->handshakes = std::make_unique<HandshakeQueue>(secret, hs);
-    HVD_RETURN_IF_ERROR(store->Set(prefix + "/addr/" + std::to_string(rank),
-                                   host + ":" + std::to_string(port)));
+    HVD_RETURN_IF_ERROR(
+        store->Set(prefix + "/addr/" + std::to_string(rank), host + ":" + std::to_string(port)));
     // A barrier along the control tree: init() returns once every rank is here.
     // Waiting on a peer here is waiting for the slowest rank to arrive, so the
     // start timeout applies on top of the I/O one.
@@ -368,8 +368,7 @@ Status TcpTransport::Run(std::vector<Xfer>& xs) {
       std::string note;
       bool found = false;
       if (m.store != nullptr &&
-          m.store->TryGet(m.prefix + "/lost/" + std::to_string(g), &note, &found).ok() &&
-          found) {
+          m.store->TryGet(m.prefix + "/lost/" + std::to_string(g), &note, &found).ok() && found) {
         blamed = std::atoi(note.c_str());
         detail = "rank " + std::to_string(g) + " lost it first and closed; then " + why;
       } else if (m.first_hung_up >= 0 && m.first_hung_up != g) {
@@ -377,8 +376,7 @@ Status TcpTransport::Run(std::vector<Xfer>& xs) {
         detail = "it hung up first; then rank " + std::to_string(g) + ": " + why;
       }
       if (m.store != nullptr) {
-        m.store->Set(m.prefix + "/lost/" + std::to_string(global_[rank_]),
-                     std::to_string(blamed));
+        m.store->Set(m.prefix + "/lost/" + std::to_string(global_[rank_]), std::to_string(blamed));
       }
       return Status::Aborted(PeerLost(blamed, detail));
     };
@@ -416,8 +414,8 @@ Status TcpTransport::Run(std::vector<Xfer>& xs) {
       if ((re & (POLLOUT | POLLERR | POLLHUP)) && !sendq[p].empty()) {
         while (!sendq[p].empty()) {
           Xfer* x = sendq[p].front();
-          ssize_t n = ::send(fds[i].fd, x->buf + x->done, x->len - x->done,
-                             MSG_DONTWAIT | MSG_NOSIGNAL);
+          ssize_t n =
+              ::send(fds[i].fd, x->buf + x->done, x->len - x->done, MSG_DONTWAIT | MSG_NOSIGNAL);
           if (n < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
             return lost(p, std::strerror(errno));

@@ -41,8 +41,8 @@
 namespace hvd {
 
 struct TcpOptions {
-  double connect_timeout_s = 30;   // rendezvous and connection set-up
-  double io_timeout_s = 60;        // a peer making no progress this long is lost
+  double connect_timeout_s = 30;  // rendezvous and connection set-up
+  double io_timeout_s = 60;       // a peer making no progress this long is lost
   size_t small_allreduce_bytes = 64 * 1024;
   size_t ring_chunk_bytes = 256 * 1024;
   // Shared memory among the ranks of a host (see config.h): -1 auto, 1 always, 0
@@ -88,8 +88,8 @@ class TcpTransport : public Communicator {
   Status Broadcast(void* buf, size_t bytes, int root) override;
   Status Alltoallv(const void* send, const std::vector<size_t>& send_bytes, void* recv,
                    const std::vector<size_t>& recv_bytes) override;
-  Status Reducescatter(void* buf, const std::vector<size_t>& counts, DataType dtype,
-                       ReduceOp op, void* out) override;
+  Status Reducescatter(void* buf, const std::vector<size_t>& counts, DataType dtype, ReduceOp op,
+                       void* out) override;
   // Aborts every socket of the mesh, including those of subset views.
   void Abort() override;
 
@@ -132,15 +132,15 @@ class TcpTransport : public Communicator {
   // Blocks [first, first+count) (indices mod size_, in a virtual rank order where
   // v holds block v and real rank = (v + root) % size_) as transfers with `peer`.
   void AddBlocks(std::vector<Xfer>* xs, int peer, bool send, char* buf,
-                 const std::vector<size_t>& offsets, const std::vector<size_t>& bytes,
-                 int first, int count);
+                 const std::vector<size_t>& offsets, const std::vector<size_t>& bytes, int first,
+                 int count);
   Status BruckAllgather(char* buf, const std::vector<size_t>& offsets,
                         const std::vector<size_t>& bytes, int root);
   Status TreeBroadcast(char* buf, size_t bytes, int root);
   Status TreeScatter(char* buf, const std::vector<size_t>& offsets,
                      const std::vector<size_t>& bytes, int root);
-  Status DirectReduce(void* buf, const std::vector<size_t>& counts, DataType dtype,
-                      ReduceOp op, void* out, bool all);
+  Status DirectReduce(void* buf, const std::vector<size_t>& counts, DataType dtype, ReduceOp op,
+                      void* out, bool all);
   // reduce(dst, src) sets dst = op(dst, src) over `bytes`; it is always called with
   // the lower rank's data in dst, so results are identical on every rank.
   Status RecursiveDoubling(char* buf, size_t bytes,
@@ -169,7 +169,7 @@ class TcpTransport : public Communicator {
   std::vector<int> global_;     // this communicator's rank -> mesh rank
   std::vector<char> scratch_;
   std::vector<int> local_ranks_;
-  std::unique_ptr<ShmGroup> local_;     // null: no rank shares this host, or disabled
+  std::unique_ptr<ShmGroup> local_;      // null: no rank shares this host, or disabled
   std::unique_ptr<TcpTransport> cross_;  // null: one host, or hosts of unequal size
   // With cross_: for each local index j, the ranks with local index j on every host.
   std::vector<std::vector<int>> cross_groups_;

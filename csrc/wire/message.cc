@@ -91,15 +91,24 @@ Status Finish(const Reader& rd, const char* what) {
 
 const char* OpTypeName(OpType t) {
   switch (t) {
-    case OpType::kAllreduce: return "allreduce";
-    case OpType::kAllgather: return "allgather";
-    case OpType::kBroadcast: return "broadcast";
-    case OpType::kAlltoall: return "alltoall";
-    case OpType::kReducescatter: return "reducescatter";
-    case OpType::kBarrier: return "barrier";
-    case OpType::kJoin: return "join";
-    case OpType::kAddProcessSet: return "add_process_set";
-    case OpType::kRemoveProcessSet: return "remove_process_set";
+    case OpType::kAllreduce:
+      return "allreduce";
+    case OpType::kAllgather:
+      return "allgather";
+    case OpType::kBroadcast:
+      return "broadcast";
+    case OpType::kAlltoall:
+      return "alltoall";
+    case OpType::kReducescatter:
+      return "reducescatter";
+    case OpType::kBarrier:
+      return "barrier";
+    case OpType::kJoin:
+      return "join";
+    case OpType::kAddProcessSet:
+      return "add_process_set";
+    case OpType::kRemoveProcessSet:
+      return "remove_process_set";
   }
   return "unknown";
 }

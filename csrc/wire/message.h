@@ -42,7 +42,7 @@ struct Request {
   std::vector<int64_t> splits;  // alltoall: rows sent to each rank
   int64_t group_id = 0;         // 0: not grouped; else every member must be ready
   int32_t group_size = 0;
-  int32_t device = -1;          // -1: CPU tensor; else the CUDA device index
+  int32_t device = -1;  // -1: CPU tensor; else the CUDA device index
 
   // Everything except `rank`: two ranks' requests for one name must have equal
   // signatures for the cache to treat them as a repeat.
@@ -51,8 +51,8 @@ struct Request {
 };
 
 struct RequestList {
-  uint32_t cache_capacity = 0;     // must be equal on every rank
-  std::vector<Request> requests;   // requests not served by the response cache
+  uint32_t cache_capacity = 0;         // must be equal on every rank
+  std::vector<Request> requests;       // requests not served by the response cache
   std::vector<uint64_t> ready_bits;    // cache positions this rank has pending
   std::vector<uint64_t> invalid_bits;  // cache positions this rank found stale
   bool shutdown = false;
@@ -83,7 +83,7 @@ struct ResponseList {
   std::vector<Response> responses;     // new (uncached) responses, in execution order
   bool shutdown = false;
   int32_t shutdown_rank = -1;  // with shutdown: the lowest rank that asked
-  std::string fatal;  // non-empty: the job stops; every rank fails with this message
+  std::string fatal;           // non-empty: the job stops; every rank fails with this message
   // Autotune: the coordinator's new setting, applied by every rank this cycle.
   bool has_params = false;
   int64_t fusion_threshold_bytes = 0;

@@ -64,8 +64,7 @@ Status MakeRanks(int n, const std::vector<size_t>& capacities, Ranks* out,
   return Status::Ok();
 }
 
-Request Req(const std::string& name, std::vector<int64_t> shape,
-            OpType type = OpType::kAllreduce) {
+Request Req(const std::string& name, std::vector<int64_t> shape, OpType type = OpType::kAllreduce) {
   Request r;
   r.name = name;
   r.type = type;
@@ -78,8 +77,8 @@ using Schedule = std::vector<std::map<int, std::vector<Request>>>;
 
 struct RunLog {
   std::vector<std::vector<std::vector<Response>>> responses;  // [rank][cycle]
-  std::vector<std::vector<bool>> shutdown;                     // [rank][cycle]
-  std::vector<Status> status;                                  // per rank
+  std::vector<std::vector<bool>> shutdown;                    // [rank][cycle]
+  std::vector<Status> status;                                 // per rank
   std::vector<size_t> first_sent;  // index of this run's first RequestList in spy->sent
 };
 
@@ -99,8 +98,8 @@ RunLog RunCycles(Ranks& ranks, const Schedule& schedule, int cycles,
       for (auto& q : fresh) q.rank = r;
       std::vector<Response> out;
       bool shutdown = false;
-      Status st = ranks.ctrls[r]->Cycle(std::move(fresh), shutdown_at.count({r, c}) > 0, &out,
-                                        &shutdown);
+      Status st =
+          ranks.ctrls[r]->Cycle(std::move(fresh), shutdown_at.count({r, c}) > 0, &out, &shutdown);
       if (!st.ok()) {
         log.status[r] = st;
         ranks.world.transports[r]->Abort();  // as Runtime::Loop does
@@ -206,8 +205,17 @@ TEST(ControllerMatch, ValidatesAndFillsResponse) {
       {"op", [](Request& q) { q.op = ReduceOp::kSum; }, "Mismatched reduction ops"},
       {"scale", [](Request& q) { q.prescale = 3; }, "Mismatched scale factors"},
       {"root", [](Request& q) { q.root = 1; }, "Mismatched root ranks"},
-      {"group", [](Request& q) { q.group_id = 9; q.group_size = 2; }, "Mismatched groups"},
-      {"shape", [](Request& q) { q.shape = {4, 6}; }, "rank 0 has [4, 5], rank 1 has [4, 6]"},
+      {"group",
+       [](Request& q) {
+         q.group_id = 9;
+         q.group_size = 2;
+       },
+       "Mismatched groups"},
+      {"shape",
+       [](Request& q) {
+         q.shape = {4, 6};
+       },
+       "rank 0 has [4, 5], rank 1 has [4, 6]"},
       {"device", [](Request& q) { q.device = 0; }, "rank 1 has a CUDA tensor"},
   };
   for (const auto& m : muts) {
@@ -329,8 +337,8 @@ TEST_P(ControllerRanks, OrderingAndCache) {
   for (int r = 0; r < n; ++r) {
     // Every cycle of round 2 was the steady-state bit exchange: no request text, no
     // coordinator round trip.
-    EXPECT_EQ(ranks.spies[r]->sent.size(), log2.first_sent[r]) << "rank " << r
-        << " ran a full negotiation cycle although every request was a cache hit";
+    EXPECT_EQ(ranks.spies[r]->sent.size(), log2.first_sent[r])
+        << "rank " << r << " ran a full negotiation cycle although every request was a cache hit";
     EXPECT_EQ(ranks.spies[r]->fast_cycles - fast_before[r], 3) << "rank " << r;
   }
   // Cached responses are the negotiated ones.

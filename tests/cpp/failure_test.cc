@@ -98,13 +98,14 @@ TEST_P(DeadPeer, SurvivorsFailWithin5s) {
   EXPECT_NE(out[0].st.message().find("rank 2"), std::string::npos) << out[0].st.message();
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Transport, DeadPeer,
-    ::testing::Values(DeadPeerCase{Death::kAbort, 100, "AbortSmall"},
-                      DeadPeerCase{Death::kAbort, 300000, "AbortRing"},
-                      DeadPeerCase{Death::kDestroy, 100, "DestroySmall"},
-                      DeadPeerCase{Death::kDestroy, 300000, "DestroyRing"}),
-    [](const ::testing::TestParamInfo<DeadPeerCase>& i) { return std::string(i.param.name); });
+INSTANTIATE_TEST_SUITE_P(Transport, DeadPeer,
+                         ::testing::Values(DeadPeerCase{Death::kAbort, 100, "AbortSmall"},
+                                           DeadPeerCase{Death::kAbort, 300000, "AbortRing"},
+                                           DeadPeerCase{Death::kDestroy, 100, "DestroySmall"},
+                                           DeadPeerCase{Death::kDestroy, 300000, "DestroyRing"}),
+                         [](const ::testing::TestParamInfo<DeadPeerCase>& i) {
+                           return std::string(i.param.name);
+                         });
 
 // 16 ranks: nobody but the dead rank's recursive-doubling / ring partners holds
 // a socket to it; the others learn of the death as the failure spreads through
@@ -225,8 +226,8 @@ TEST(TransportAbort, AbortDuringCollectives) {
   });
   killer.join();
   for (int r = 0; r < 3; ++r) {
-    EXPECT_EQ(last[r].code(), StatusCode::kAborted) << "rank " << r << " after " << iterations[r]
-                                                     << " iterations";
+    EXPECT_EQ(last[r].code(), StatusCode::kAborted)
+        << "rank " << r << " after " << iterations[r] << " iterations";
     EXPECT_LT(finished[r], 5.0) << "rank " << r;
   }
 }
@@ -282,7 +283,8 @@ TEST(TransportRendezvous, MissingRankTimesOut) {
     if (r == 1) return;  // never shows up
     auto t0 = Clock::now();
     st[r] = StoreClient::Connect("127.0.0.1", server.port(), hvd_test::kSecret, 5, &clients[r]);
-    if (st[r].ok()) st[r] = TcpTransport::Create(clients[r].get(), "job", r, 3, hvd_test::kSecret, opt, &ts[r]);
+    if (st[r].ok())
+      st[r] = TcpTransport::Create(clients[r].get(), "job", r, 3, hvd_test::kSecret, opt, &ts[r]);
     took[r] = SecondsSince(t0);
   });
   for (int r : {0, 2}) {

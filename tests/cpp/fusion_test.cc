@@ -62,8 +62,12 @@ TEST(Fusion, ConsecutiveAllreducesFuseUpToThreshold) {
 }
 
 TEST(Fusion, DtypeOpOrScaleChangeBreaksBatch) {
-  std::vector<Response> rs = {AR(1), AR(1), AR(1, DataType::kFloat16), AR(1, DataType::kFloat16),
-                              AR(1, DataType::kFloat16, ReduceOp::kMax), AR(1, DataType::kFloat16)};
+  std::vector<Response> rs = {AR(1),
+                              AR(1),
+                              AR(1, DataType::kFloat16),
+                              AR(1, DataType::kFloat16),
+                              AR(1, DataType::kFloat16, ReduceOp::kMax),
+                              AR(1, DataType::kFloat16)};
   EXPECT_EQ(PlanFusion(rs, 1 << 20), (Batches{{0, 1}, {2, 3}, {4}, {5}}));
 
   std::vector<Response> scaled = {AR(1), AR(1), AR(1), AR(1), AR(1)};
@@ -87,8 +91,8 @@ TEST(Fusion, NonAllreduceBreaksBatch) {
   rs[4].type = OpType::kAllgather;
   rs[5].type = OpType::kAllgather;  // two allgathers never fuse
   EXPECT_EQ(PlanFusion(rs, 1 << 20), (Batches{{0, 1}, {2}, {3}, {4}, {5}}));
-  for (OpType t : {OpType::kBroadcast, OpType::kAlltoall, OpType::kReducescatter,
-                   OpType::kBarrier, OpType::kAllgather}) {
+  for (OpType t : {OpType::kBroadcast, OpType::kAlltoall, OpType::kReducescatter, OpType::kBarrier,
+                   OpType::kAllgather}) {
     std::vector<Response> same(3, AR(1));
     for (auto& r : same) r.type = t;
     EXPECT_EQ(PlanFusion(same, 1 << 20), (Batches{{0}, {1}, {2}})) << OpTypeName(t);

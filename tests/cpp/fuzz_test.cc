@@ -125,9 +125,8 @@ const FuzzConfig& Config() {
     const char* seed = std::getenv("HVD_FUZZ_SEED");
     const char* seconds = std::getenv("HVD_FUZZ_SECONDS");
     std::random_device rd;
-    c.seed = seed != nullptr && *seed != '\0'
-                 ? std::strtoull(seed, nullptr, 0)
-                 : (static_cast<uint64_t>(rd()) << 32 | rd());
+    c.seed = seed != nullptr && *seed != '\0' ? std::strtoull(seed, nullptr, 0)
+                                              : (static_cast<uint64_t>(rd()) << 32 | rd());
     c.seconds = seconds != nullptr && *seconds != '\0' ? std::atof(seconds) : 15.0;
     if (!(c.seconds >= 0)) c.seconds = 15.0;
     return c;
@@ -201,8 +200,9 @@ uint64_t Fuzz(const char* name, double share, Body body) {
   CrashReporter reporter;
   uint64_t name_hash = 1469598103934665603ull;
   for (const char* p = name; *p != '\0'; ++p) name_hash = (name_hash ^ *p) * 1099511628211ull;
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::microseconds(static_cast<int64_t>(config.seconds * share * 1e6));
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::microseconds(static_cast<int64_t>(config.seconds * share * 1e6));
   uint64_t i = 0;
   do {
     std::snprintf(g_case, sizeof(g_case), "%s HVD_FUZZ_SEED=%llu iteration %llu", name,
@@ -231,7 +231,14 @@ std::string RandomBytes(Rng& rng, size_t max = 48) {
 }
 
 int64_t RandomI64(Rng& rng) {
-  static const int64_t kInteresting[] = {0, 1, -1, 2, 7, 64, 1000, 1 << 20,
+  static const int64_t kInteresting[] = {0,
+                                         1,
+                                         -1,
+                                         2,
+                                         7,
+                                         64,
+                                         1000,
+                                         1 << 20,
                                          std::numeric_limits<int64_t>::max(),
                                          std::numeric_limits<int64_t>::min(),
                                          std::numeric_limits<int32_t>::max()};
@@ -242,7 +249,13 @@ int64_t RandomI64(Rng& rng) {
 int32_t RandomI32(Rng& rng) { return static_cast<int32_t>(RandomI64(rng)); }
 
 double RandomDouble(Rng& rng) {
-  static const double kInteresting[] = {0.0, -0.0, 1.0, 0.5, -2.0, 1e-310, 1e308,
+  static const double kInteresting[] = {0.0,
+                                        -0.0,
+                                        1.0,
+                                        0.5,
+                                        -2.0,
+                                        1e-310,
+                                        1e308,
                                         std::numeric_limits<double>::infinity(),
                                         -std::numeric_limits<double>::infinity(),
                                         std::numeric_limits<double>::quiet_NaN()};
@@ -335,11 +348,10 @@ ResponseList RandomResponseList(Rng& rng) {
 
 // One to four random edits of `s`.
 std::string Mutate(Rng& rng, std::string s) {
-  static const uint64_t kInteresting[] = {0,          1,          2,          3,
-                                          0x7f,       0x80,       0xff,       0x100,
-                                          0xffff,     0x10000,    0x7fffffff, 0x80000000,
-                                          0xffffffff, 0x20000000, 1ull << 32, 1ull << 40,
-                                          ~0ull,      ~0ull >> 1};
+  static const uint64_t kInteresting[] = {
+      0,          1,          2,          3,          0x7f,       0x80,
+      0xff,       0x100,      0xffff,     0x10000,    0x7fffffff, 0x80000000,
+      0xffffffff, 0x20000000, 1ull << 32, 1ull << 40, ~0ull,      ~0ull >> 1};
   const int edits = 1 + static_cast<int>(Below(rng, 4));
   for (int e = 0; e < edits; ++e) {
     const size_t at = Below(rng, s.size() + 1);
@@ -365,7 +377,7 @@ std::string Mutate(Rng& rng, std::string s) {
       case 6:  // repeat a range
         s.insert(at, s.substr(Below(rng, s.size() + 1), Below(rng, 32)));
         break;
-      case 7:  // a u32 (length fields, counts) set to an interesting value
+      case 7:    // a u32 (length fields, counts) set to an interesting value
       case 8: {  // a u64 (frame headers, bitmaps)
         const size_t width = Below(rng, 9) < 7 ? 4 : 8;
         if (s.size() < width) break;
@@ -635,7 +647,8 @@ bool CheckParseRequest(const std::string& bytes, store_wire::Request* r) {
   EXPECT_LE(largest, AllocationBound(bytes.size()));
   if (ok) {
     EXPECT_TRUE(IsStoreOp(r->op));
-    EXPECT_TRUE(store_wire::EncodeRequest(*r) == bytes) << "a parsed request re-encodes differently";
+    EXPECT_TRUE(store_wire::EncodeRequest(*r) == bytes)
+        << "a parsed request re-encodes differently";
   }
   return ok;
 }
@@ -650,7 +663,8 @@ bool CheckParseReply(uint8_t op, const std::string& bytes, store_wire::Reply* r)
   }
   EXPECT_LE(largest, AllocationBound(bytes.size()));
   if (ok && bytes != std::string(1, '\0')) {  // the refusal is the one other form
-    EXPECT_TRUE(store_wire::EncodeReply(op, *r) == bytes) << "a parsed reply re-encodes differently";
+    EXPECT_TRUE(store_wire::EncodeReply(op, *r) == bytes)
+        << "a parsed reply re-encodes differently";
   }
   return ok;
 }
@@ -710,7 +724,7 @@ Verdict ExpectedVerdict(const std::string& secret, const std::string& nonce,
   std::memcpy(&len, sent.data(), 8);
   if (len > kMaxHandshakeFrame || sent.size() < 8 + len) return Verdict::kClosed;
   return HandshakeReplyValid(secret, nonce, sent.substr(8, len), nullptr) ? Verdict::kYes
-                                                                           : Verdict::kNo;
+                                                                          : Verdict::kNo;
 }
 
 // A handshake reply for a listener: valid (with any tag), mutated, or noise.
@@ -943,8 +957,9 @@ TEST(FuzzHandshake, ReplyValidation) {
     EXPECT_FALSE(HandshakeReplyValid(secret + "x", nonce, good, nullptr));
     EXPECT_FALSE(HandshakeReplyValid(secret, nonce + "x", good, nullptr));
     const std::string noise = RandomBytes(rng, 64);
-    EXPECT_EQ(HandshakeReplyValid(secret, nonce, noise, nullptr),
-              noise.size() >= 32 && noise.substr(0, 32) == Sha256(secret + nonce + noise.substr(32)));
+    EXPECT_EQ(
+        HandshakeReplyValid(secret, nonce, noise, nullptr),
+        noise.size() >= 32 && noise.substr(0, 32) == Sha256(secret + nonce + noise.substr(32)));
   });
 }
 
@@ -1008,9 +1023,8 @@ TEST(FuzzHandshake, StoreAndMeshListeners) {
     std::atomic<bool> done{false};
     std::vector<int> rounds(2);
     std::thread ranks([&] {
-      hvd_test::RunRanks(2, [&](int r) {
-        HVD_EXPECT_OK(hvd_test::AllreduceUntil(w, r, done, &rounds[r]));
-      });
+      hvd_test::RunRanks(
+          2, [&](int r) { HVD_EXPECT_OK(hvd_test::AllreduceUntil(w, r, done, &rounds[r])); });
     });
     int valid_for_mesh = 0;
     Fuzz("FuzzHandshake.StoreAndMeshListeners", 0.2, [&](Rng& rng, uint64_t) {
@@ -1032,8 +1046,8 @@ TEST(FuzzHandshake, StoreAndMeshListeners) {
     HVD_EXPECT_OK(c->Set("k", "v"));
     hvd_test::RunRanks(2, [&](int r) {
       std::vector<float> x(1000, 1.0f);
-      HVD_EXPECT_OK(w.transports[r]->Allreduce(x.data(), x.size(), DataType::kFloat32,
-                                               ReduceOp::kSum));
+      HVD_EXPECT_OK(
+          w.transports[r]->Allreduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum));
       EXPECT_EQ(x[999], 2.0f);
     });
     w.transports.clear();  // logs the mesh's last count

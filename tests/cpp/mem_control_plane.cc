@@ -58,10 +58,10 @@ hvd::Status MemWorld::Wait(Round& rd, std::unique_lock<std::mutex>* lock, Pred p
   bool ok = rd.cv.wait_until(*lock, deadline, [&] { return aborted_ || pred(); });
   if (aborted_) return hvd::Status::Aborted(Failure());
   if (!ok) {
-    std::string why = "rank " + std::to_string(rank) + " waited " +
-                      std::to_string(timeout_s_) + " s in call #" + std::to_string(seq) + " (" +
-                      what + "); " + std::to_string(rd.arrived) + " of " +
-                      std::to_string(size_) + " ranks had arrived";
+    std::string why = "rank " + std::to_string(rank) + " waited " + std::to_string(timeout_s_) +
+                      " s in call #" + std::to_string(seq) + " (" + what + "); " +
+                      std::to_string(rd.arrived) + " of " + std::to_string(size_) +
+                      " ranks had arrived";
     lock->unlock();
     Abort(why);
     lock->lock();
@@ -72,16 +72,16 @@ hvd::Status MemWorld::Wait(Round& rd, std::unique_lock<std::mutex>* lock, Pred p
 
 hvd::Status MemWorld::Enter(Round& rd, std::unique_lock<std::mutex>* lock, uint64_t seq, Op op,
                             int rank) {
-  HVD_RETURN_IF_ERROR(
-      Wait(rd, lock, [&] { return rd.seq == seq; }, "waiting for a free round", rank, seq));
+  HVD_RETURN_IF_ERROR(Wait(
+      rd, lock, [&] { return rd.seq == seq; }, "waiting for a free round", rank, seq));
   if (rd.op == Op::kNone) {
     rd.op = op;
     rd.op_rank = rank;
   } else if (rd.op != op) {
     std::string why = "call #" + std::to_string(seq) + ": rank " + std::to_string(rank) +
                       " called " + OpName(static_cast<int>(op)) + " but rank " +
-                      std::to_string(rd.op_rank) + " called " +
-                      OpName(static_cast<int>(rd.op)) + " (ranks out of step)";
+                      std::to_string(rd.op_rank) + " called " + OpName(static_cast<int>(rd.op)) +
+                      " (ranks out of step)";
     lock->unlock();
     Abort(why);
     lock->lock();
@@ -152,8 +152,8 @@ hvd::Status MemControlPlane::Bcast(std::string* data) {
     stats_.bytes_sent += static_cast<int64_t>(data->size()) * (n - 1);
     return hvd::Status::Ok();
   }
-  HVD_RETURN_IF_ERROR(
-      world_->Wait(rd, &lock, [&] { return rd.root_in; }, "Bcast from rank 0", rank_, seq));
+  HVD_RETURN_IF_ERROR(world_->Wait(
+      rd, &lock, [&] { return rd.root_in; }, "Bcast from rank 0", rank_, seq));
   lock.unlock();
   *data = rd.slots[0];  // read-only until every rank has departed
   lock.lock();

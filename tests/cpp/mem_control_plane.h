@@ -88,12 +88,12 @@ class MemWorld {
   struct Round {
     std::mutex mu;
     std::condition_variable cv;
-    uint64_t seq = 0;        // the call number this round serves now    GUARDED_BY(mu)
-    Op op = Op::kNone;       // set by the first rank to arrive          GUARDED_BY(mu)
-    int op_rank = -1;        // that rank                                GUARDED_BY(mu)
-    int arrived = 0;         // ranks whose message is in `slots`        GUARDED_BY(mu)
-    int departed = 0;        // ranks done with this round               GUARDED_BY(mu)
-    bool root_in = false;    // Bcast: rank 0's message is in slots[0]   GUARDED_BY(mu)
+    uint64_t seq = 0;      // the call number this round serves now    GUARDED_BY(mu)
+    Op op = Op::kNone;     // set by the first rank to arrive          GUARDED_BY(mu)
+    int op_rank = -1;      // that rank                                GUARDED_BY(mu)
+    int arrived = 0;       // ranks whose message is in `slots`        GUARDED_BY(mu)
+    int departed = 0;      // ranks done with this round               GUARDED_BY(mu)
+    bool root_in = false;  // Bcast: rank 0's message is in slots[0]   GUARDED_BY(mu)
     // Written by rank r (slot r) before `arrived` counts it; read-only for every
     // rank once the round is complete, until the last rank departs.
     std::vector<std::string> slots;
@@ -101,8 +101,7 @@ class MemWorld {
   static constexpr int kRounds = 4;
 
   // Waits (holding *lock on rd.mu) until rd serves `seq` and records `op`.
-  hvd::Status Enter(Round& rd, std::unique_lock<std::mutex>* lock, uint64_t seq, Op op,
-                    int rank);
+  hvd::Status Enter(Round& rd, std::unique_lock<std::mutex>* lock, uint64_t seq, Op op, int rank);
   // Waits for pred() on rd.cv; kAborted on abort or timeout.
   template <typename Pred>
   hvd::Status Wait(Round& rd, std::unique_lock<std::mutex>* lock, Pred pred, const char* what,

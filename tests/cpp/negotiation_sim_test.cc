@@ -39,7 +39,8 @@ SimLog Simulate(int n, int steps, size_t capacity, int chunks,
                 const std::function<std::vector<Request>(int)>& tensors, uint32_t seed = 1) {
   MemWorld world(n, /*timeout_s=*/30);
   std::vector<std::unique_ptr<Controller>> ctrls;
-  for (int r = 0; r < n; ++r) ctrls.push_back(std::make_unique<Controller>(world.plane(r), capacity));
+  for (int r = 0; r < n; ++r)
+    ctrls.push_back(std::make_unique<Controller>(world.plane(r), capacity));
   SimLog log;
   log.steps.assign(n, {});
   log.status.assign(n, Status::Ok());
@@ -64,8 +65,8 @@ SimLog Simulate(int n, int steps, size_t capacity, int chunks,
         if (c > chunks + 1) return fail(Status::Aborted("step " + std::to_string(s) + " stuck"));
         std::vector<Response> out;
         bool shutdown = false;
-        Status st = ctrls[r]->Cycle(c < chunks ? parts[c] : std::vector<Request>{}, false, &out,
-                                    &shutdown);
+        Status st =
+            ctrls[r]->Cycle(c < chunks ? parts[c] : std::vector<Request>{}, false, &out, &shutdown);
         if (!st.ok()) return fail(st);
         done += out.size();
         step.cycles.push_back(std::move(out));
@@ -93,7 +94,9 @@ std::string Canonical(const std::vector<Response>& rs) {
 // Steady-state bytes one rank sends per cycle. Up to 64 ranks an allgather of the
 // "needs a full cycle" word plus the cache bits, to each of n - 1 peers; beyond, an
 // AND/OR allreduce of the bits and (flag + bits): ceil(log2 n) messages.
-int64_t FastMessageBytes(size_t capacity) { return 8 * (1 + static_cast<int64_t>((capacity + 63) / 64)); }
+int64_t FastMessageBytes(size_t capacity) {
+  return 8 * (1 + static_cast<int64_t>((capacity + 63) / 64));
+}
 int64_t FastCycleBytes(int n, size_t capacity) {
   if (n <= hvd::Controller::kPerRankBitsMaxRanks) return (n - 1) * FastMessageBytes(capacity);
   int rounds = 0;

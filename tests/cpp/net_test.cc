@@ -33,8 +33,7 @@ std::string Pattern(size_t n) {
 
 TEST(Sha256, KnownVectors) {
   EXPECT_EQ(Hex(Sha256("")), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-  EXPECT_EQ(Hex(Sha256("abc")),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(Hex(Sha256("abc")), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
   EXPECT_EQ(Hex(Sha256("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq")),
             "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
   EXPECT_EQ(Hex(Sha256(std::string(1000000, 'a'))),
@@ -141,8 +140,7 @@ TEST(Net, CorruptFrameLengthRejected) {
 }
 
 void Handshake(const std::string& server_secret, const std::string& client_secret,
-               const std::string& tag, Status* server_st, Status* client_st,
-               std::string* got_tag) {
+               const std::string& tag, Status* server_st, Status* client_st, std::string* got_tag) {
   Socket a, b;
   ASSERT_NO_FATAL_FAILURE(Pair(&a, &b));
   std::thread t([&] { *client_st = ClientHandshake(a.fd(), client_secret, tag, 2.0); });

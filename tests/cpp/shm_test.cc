@@ -73,15 +73,23 @@ std::vector<char> Input(DataType dt, ReduceOp op, int rank, size_t count, uint64
   std::vector<char> v(count * DataTypeSize(dt) + 1);  // +1: never a null data()
   for (size_t i = 0; i < count; ++i) {
     uint64_t h = Mix(seed * 1000003 + rank * 7919 + i);
-    int64_t small = static_cast<int64_t>(h % 2001) - 1000;           // sums
-    int64_t factor = static_cast<int64_t>(h % 2) ? 2 : -1;           // products
+    int64_t small = static_cast<int64_t>(h % 2001) - 1000;  // sums
+    int64_t factor = static_cast<int64_t>(h % 2) ? 2 : -1;  // products
     int64_t x = op == ReduceOp::kProduct ? factor : small;
     char* p = v.data() + i * DataTypeSize(dt);
     switch (dt) {
-      case DataType::kUInt8: *reinterpret_cast<uint8_t*>(p) = static_cast<uint8_t>(h); break;
-      case DataType::kInt8: *reinterpret_cast<int8_t*>(p) = static_cast<int8_t>(h); break;
-      case DataType::kInt16: *reinterpret_cast<int16_t*>(p) = static_cast<int16_t>(x); break;
-      case DataType::kInt32: *reinterpret_cast<int32_t*>(p) = static_cast<int32_t>(x); break;
+      case DataType::kUInt8:
+        *reinterpret_cast<uint8_t*>(p) = static_cast<uint8_t>(h);
+        break;
+      case DataType::kInt8:
+        *reinterpret_cast<int8_t*>(p) = static_cast<int8_t>(h);
+        break;
+      case DataType::kInt16:
+        *reinterpret_cast<int16_t*>(p) = static_cast<int16_t>(x);
+        break;
+      case DataType::kInt32:
+        *reinterpret_cast<int32_t*>(p) = static_cast<int32_t>(x);
+        break;
       case DataType::kInt64:
         *reinterpret_cast<int64_t*>(p) = op == ReduceOp::kProduct ? x : x * 1000003;
         break;
@@ -91,9 +99,15 @@ std::vector<char> Input(DataType dt, ReduceOp op, int rank, size_t count, uint64
       case DataType::kBFloat16:
         *reinterpret_cast<uint16_t*>(p) = FloatToBFloat16(static_cast<float>(x) / 7);
         break;
-      case DataType::kFloat32: *reinterpret_cast<float*>(p) = static_cast<float>(x) / 3; break;
-      case DataType::kFloat64: *reinterpret_cast<double*>(p) = static_cast<double>(x) / 3; break;
-      case DataType::kBool: *reinterpret_cast<uint8_t*>(p) = (h >> 9) % 4 != 0; break;
+      case DataType::kFloat32:
+        *reinterpret_cast<float*>(p) = static_cast<float>(x) / 3;
+        break;
+      case DataType::kFloat64:
+        *reinterpret_cast<double*>(p) = static_cast<double>(x) / 3;
+        break;
+      case DataType::kBool:
+        *reinterpret_cast<uint8_t*>(p) = (h >> 9) % 4 != 0;
+        break;
     }
   }
   return v;
@@ -109,16 +123,14 @@ std::vector<char> Reference(DataType dt, ReduceOp op, int n, size_t count, uint6
   return acc;
 }
 
-const DataType kAllTypes[] = {DataType::kUInt8,   DataType::kInt8,     DataType::kInt16,
-                              DataType::kInt32,   DataType::kInt64,    DataType::kFloat16,
+const DataType kAllTypes[] = {DataType::kUInt8,    DataType::kInt8,    DataType::kInt16,
+                              DataType::kInt32,    DataType::kInt64,   DataType::kFloat16,
                               DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64,
                               DataType::kBool};
 const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct};
 
 // Element counts: empty, one, odd, and (for every type) more than one chunk.
-std::vector<size_t> Counts(DataType dt) {
-  return {0, 1, 3, 517, 3 * kSlot / DataTypeSize(dt) + 5};
-}
+std::vector<size_t> Counts(DataType dt) { return {0, 1, 3, 517, 3 * kSlot / DataTypeSize(dt) + 5}; }
 
 uint64_t Fnv(const void* p, size_t n, uint64_t h = 1469598103934665603ull) {
   const auto* b = static_cast<const unsigned char*>(p);
@@ -239,7 +251,7 @@ TEST_P(ShmSizes, AllgatherUnevenBytes) {
     std::vector<size_t> bytes(n);
     for (int r = 0; r < n; ++r) {
       // Odd sizes; some empty; one far larger than a whole buffer (several windows).
-      bytes[r] = variant == 0 ? 13 * r + 1
+      bytes[r] = variant == 0   ? 13 * r + 1
                  : variant == 1 ? (r % 2 ? 0 : 3 * kSlot * n + 11)
                                 : (r == n - 1 ? 5 * kSlot * n + 3 : 0);
     }
@@ -252,8 +264,10 @@ TEST_P(ShmSizes, AllgatherUnevenBytes) {
       size_t off = std::accumulate(bytes.begin(), bytes.begin() + r, size_t{0});
       std::memcpy(buf.data() + off, want.data() + off, bytes[r]);
       Status st = g[r]->Allgather(buf.data(), bytes);
-      if (!st.ok()) err[r] = StatusString(st);
-      else if (std::memcmp(buf.data(), want.data(), total) != 0) err[r] = "wrong result";
+      if (!st.ok())
+        err[r] = StatusString(st);
+      else if (std::memcmp(buf.data(), want.data(), total) != 0)
+        err[r] = "wrong result";
     });
     for (int r = 0; r < n; ++r) EXPECT_EQ(err[r], "") << "variant " << variant << " rank " << r;
   }
@@ -384,8 +398,7 @@ TEST(Shm, SameKeyTwiceIsRefused) {
   auto g = MakeGroups(1, key);  // size 1: no rendezvous socket, so the key is free
   std::unique_ptr<ShmGroup> first, second;
   std::vector<Status> st(2);
-  std::thread hold(
-      [&] { st[0] = ShmGroup::Create(key, kSecret, 0, 2, TestOptions(0.5), &first); });
+  std::thread hold([&] { st[0] = ShmGroup::Create(key, kSecret, 0, 2, TestOptions(0.5), &first); });
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   st[1] = ShmGroup::Create(key, kSecret, 0, 2, TestOptions(0.5), &second);
   hold.join();
@@ -428,8 +441,7 @@ TEST(Shm, DifferentOptionsAreAMismatch) {
   EXPECT_LT(SecondsSince(t0), 2.0);  // rank 1 tells rank 0 at once
   EXPECT_EQ(st[1].code(), StatusCode::kMismatch) << st[1].message();
   EXPECT_EQ(st[0].code(), StatusCode::kAborted) << st[0].message();
-  EXPECT_NE(st[0].message().find("aborted by local rank 1"), std::string::npos)
-      << st[0].message();
+  EXPECT_NE(st[0].message().find("aborted by local rank 1"), std::string::npos) << st[0].message();
 }
 
 TEST(Shm, MismatchedCallsFailEverywhereAndGroupStaysUsable) {
@@ -466,7 +478,8 @@ TEST(Shm, ExchangeOfDifferentKindsIsAMismatch) {
   for (int r = 0; r < n; ++r) {
     EXPECT_EQ(st[r].code(), StatusCode::kMismatch) << st[r].message();
     EXPECT_NE(st[r].message().find("local rank 1: Exchange(control message kind 2)"),
-              std::string::npos) << st[r].message();
+              std::string::npos)
+        << st[r].message();
     HVD_EXPECT_OK(after[r]);
   }
 }

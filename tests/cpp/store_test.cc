@@ -304,7 +304,7 @@ TEST(Store, ClosedConnectionsReleaseTheirResources) {
     auto c = ConnectClient(server);
     ASSERT_TRUE(c);
     HVD_ASSERT_OK(c->Set("k", "v"));
-  }  // each client disconnects here
+  }                                                             // each client disconnects here
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let Serve() threads finish
   const int after = OpenFds();
   EXPECT_LT(after - before, 10) << "open fds grew from " << before << " to " << after
@@ -330,7 +330,8 @@ TEST(StoreDeathTest, UnauthenticatedHugeFrameDoesNotCrashServer) {
         rlimit lim{};
         getrlimit(RLIMIT_AS, &lim);
         lim.rlim_cur = 6ull << 30;  // 6 GiB of address space
-        if (lim.rlim_max != RLIM_INFINITY && lim.rlim_max < lim.rlim_cur) lim.rlim_cur = lim.rlim_max;
+        if (lim.rlim_max != RLIM_INFINITY && lim.rlim_max < lim.rlim_cur)
+          lim.rlim_cur = lim.rlim_max;
         setrlimit(RLIMIT_AS, &lim);
         Socket s;
         if (!Connect("127.0.0.1", server.port(), 5, &s).ok()) _exit(2);

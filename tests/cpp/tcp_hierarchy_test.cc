@@ -28,7 +28,8 @@ class TcpHierarchy : public ::testing::TestWithParam<Layout> {};
 
 uint64_t Fnv(const void* p, size_t n) {
   uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
+  for (size_t i = 0; i < n; ++i)
+    h = (h ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
   return h;
 }
 
@@ -37,12 +38,15 @@ TEST_P(TcpHierarchy, CollectivesAreExactAndIdentical) {
   const Layout& layout = GetParam();
   const int n = static_cast<int>(layout.host.size());
   World w;
-  HVD_ASSERT_OK(MakeWorld(n, [&](int r) {
-    TcpOptions o = hvd_test::FastOptions();
-    o.hierarchical_allreduce = o.hierarchical_allgather = layout.knob;
-    o.host_key = "host" + std::to_string(layout.host[r]);
-    return o;
-  }, &w));
+  HVD_ASSERT_OK(MakeWorld(
+      n,
+      [&](int r) {
+        TcpOptions o = hvd_test::FastOptions();
+        o.hierarchical_allreduce = o.hierarchical_allgather = layout.knob;
+        o.host_key = "host" + std::to_string(layout.host[r]);
+        return o;
+      },
+      &w));
   for (int r = 0; r < n; ++r) {
     std::vector<int> want;
     for (int q = 0; q < n; ++q) {
@@ -90,7 +94,8 @@ TEST_P(TcpHierarchy, CollectivesAreExactAndIdentical) {
     std::vector<float> rs(total, static_cast<float>(r + 1)), out(counts[r]);
     Status st = t.Reducescatter(rs.data(), counts, DataType::kFloat32, ReduceOp::kSum, out.data());
     if (!st.ok()) return fail(st.message());
-    if (out.front() != n * (n + 1) / 2.0f || out.back() != n * (n + 1) / 2.0f) fail("reducescatter");
+    if (out.front() != n * (n + 1) / 2.0f || out.back() != n * (n + 1) / 2.0f)
+      fail("reducescatter");
     // Allgather with uneven blocks.
     std::vector<size_t> bytes(n);
     total = 0;
@@ -179,12 +184,15 @@ TEST(TcpHierarchyControl, OneHostMismatchedControlCallsFailEveryRank) {
   Watchdog wd(60, "OneHostMismatchedControlCallsFailEveryRank");
   const int n = 4;
   World w;
-  HVD_ASSERT_OK(MakeWorld(n, [&](int r) {
-    TcpOptions o = hvd_test::FastOptions();
-    o.hierarchical_allreduce = 1;
-    o.host_key = "one";
-    return o;
-  }, &w));
+  HVD_ASSERT_OK(MakeWorld(
+      n,
+      [&](int r) {
+        TcpOptions o = hvd_test::FastOptions();
+        o.hierarchical_allreduce = 1;
+        o.host_key = "one";
+        return o;
+      },
+      &w));
   std::vector<Status> st(n), after(n);
   RunRanks(n, [&](int r) {
     TcpTransport& t = *w.transports[r];
@@ -195,8 +203,7 @@ TEST(TcpHierarchyControl, OneHostMismatchedControlCallsFailEveryRank) {
   });
   for (int r = 0; r < n; ++r) {
     EXPECT_EQ(st[r].code(), StatusCode::kMismatch) << "rank " << r << ": " << st[r].message();
-    EXPECT_NE(st[r].message().find("local rank 2: Exchange"), std::string::npos)
-        << st[r].message();
+    EXPECT_NE(st[r].message().find("local rank 2: Exchange"), std::string::npos) << st[r].message();
     HVD_EXPECT_OK(after[r]);
   }
 }
@@ -207,13 +214,16 @@ TEST(TcpHierarchyFailure, DeadLocalRankFailsEveryone) {
   Watchdog wd(60, "DeadLocalRankFailsEveryone");
   const int n = 6;
   World w;
-  HVD_ASSERT_OK(MakeWorld(n, [&](int r) {
-    TcpOptions o = hvd_test::FastOptions();
-    o.io_timeout_s = 30;
-    o.hierarchical_allreduce = 1;
-    o.host_key = r < 3 ? "a" : "b";
-    return o;
-  }, &w));
+  HVD_ASSERT_OK(MakeWorld(
+      n,
+      [&](int r) {
+        TcpOptions o = hvd_test::FastOptions();
+        o.io_timeout_s = 30;
+        o.hierarchical_allreduce = 1;
+        o.host_key = r < 3 ? "a" : "b";
+        return o;
+      },
+      &w));
   w.transports[4]->Abort();
   std::vector<Status> st(n);
   std::vector<double> took(n);

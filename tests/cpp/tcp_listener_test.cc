@@ -113,8 +113,8 @@ TEST(TcpListener, IdleConnectionsCannotFillTheHandshakeQueue) {
     RunRanks(4, [&](int r) {
       auto t0 = std::chrono::steady_clock::now();
       std::vector<char> send(4 * 8, static_cast<char>('a' + r)), recv(4 * 8);
-      HVD_EXPECT_OK(w.transports[r]->Alltoallv(send.data(), std::vector<size_t>(4, 8),
-                                               recv.data(), std::vector<size_t>(4, 8)));
+      HVD_EXPECT_OK(w.transports[r]->Alltoallv(send.data(), std::vector<size_t>(4, 8), recv.data(),
+                                               std::vector<size_t>(4, 8)));
       for (int p = 0; p < 4; ++p) EXPECT_EQ(recv[p * 8], 'a' + p) << "rank " << r;
       alltoall_s[r] = SecondsSince(t0);
       HVD_EXPECT_OK(hvd_test::AllreduceUntil(w, r, settled));

@@ -25,16 +25,26 @@ using hvd_test::World;
 
 double Load(DataType dt, const void* p, size_t i) {
   switch (dt) {
-    case DataType::kUInt8: return static_cast<const uint8_t*>(p)[i];
-    case DataType::kInt8: return static_cast<const int8_t*>(p)[i];
-    case DataType::kInt16: return static_cast<const int16_t*>(p)[i];
-    case DataType::kInt32: return static_cast<const int32_t*>(p)[i];
-    case DataType::kInt64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
-    case DataType::kFloat16: return HalfToFloat(static_cast<const uint16_t*>(p)[i]);
-    case DataType::kBFloat16: return BFloat16ToFloat(static_cast<const uint16_t*>(p)[i]);
-    case DataType::kFloat32: return static_cast<const float*>(p)[i];
-    case DataType::kFloat64: return static_cast<const double*>(p)[i];
-    case DataType::kBool: return static_cast<const uint8_t*>(p)[i] ? 1 : 0;
+    case DataType::kUInt8:
+      return static_cast<const uint8_t*>(p)[i];
+    case DataType::kInt8:
+      return static_cast<const int8_t*>(p)[i];
+    case DataType::kInt16:
+      return static_cast<const int16_t*>(p)[i];
+    case DataType::kInt32:
+      return static_cast<const int32_t*>(p)[i];
+    case DataType::kInt64:
+      return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case DataType::kFloat16:
+      return HalfToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DataType::kBFloat16:
+      return BFloat16ToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DataType::kFloat32:
+      return static_cast<const float*>(p)[i];
+    case DataType::kFloat64:
+      return static_cast<const double*>(p)[i];
+    case DataType::kBool:
+      return static_cast<const uint8_t*>(p)[i] ? 1 : 0;
   }
   return 0;
 }
@@ -46,18 +56,36 @@ double Load(DataType dt, const void* p, size_t i) {
 void Store(DataType dt, void* p, size_t i, double v) {
   auto w = [v] { return static_cast<int64_t>(v); };
   switch (dt) {
-    case DataType::kUInt8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(w()); break;
-    case DataType::kInt8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(w()); break;
-    case DataType::kInt16: static_cast<int16_t*>(p)[i] = static_cast<int16_t>(w()); break;
-    case DataType::kInt32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(w()); break;
-    case DataType::kInt64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
-    case DataType::kFloat16: static_cast<uint16_t*>(p)[i] = FloatToHalf(static_cast<float>(v)); break;
+    case DataType::kUInt8:
+      static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(w());
+      break;
+    case DataType::kInt8:
+      static_cast<int8_t*>(p)[i] = static_cast<int8_t>(w());
+      break;
+    case DataType::kInt16:
+      static_cast<int16_t*>(p)[i] = static_cast<int16_t>(w());
+      break;
+    case DataType::kInt32:
+      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(w());
+      break;
+    case DataType::kInt64:
+      static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
+      break;
+    case DataType::kFloat16:
+      static_cast<uint16_t*>(p)[i] = FloatToHalf(static_cast<float>(v));
+      break;
     case DataType::kBFloat16:
       static_cast<uint16_t*>(p)[i] = FloatToBFloat16(static_cast<float>(v));
       break;
-    case DataType::kFloat32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
-    case DataType::kFloat64: static_cast<double*>(p)[i] = v; break;
-    case DataType::kBool: static_cast<uint8_t*>(p)[i] = v != 0; break;
+    case DataType::kFloat32:
+      static_cast<float*>(p)[i] = static_cast<float>(v);
+      break;
+    case DataType::kFloat64:
+      static_cast<double*>(p)[i] = v;
+      break;
+    case DataType::kBool:
+      static_cast<uint8_t*>(p)[i] = v != 0;
+      break;
   }
 }
 
@@ -80,11 +108,15 @@ double Gen(DataType dt, ReduceOp op, int rank, size_t i, uint64_t seed) {
   if (dt == DataType::kBool) return static_cast<double>((h >> 7) % 4 != 0);
   if (op == ReduceOp::kSum) {
     switch (dt) {
-      case DataType::kUInt8: return range(0, 60);
-      case DataType::kInt8: return range(-30, 30);
+      case DataType::kUInt8:
+        return range(0, 60);
+      case DataType::kInt8:
+        return range(-30, 30);
       case DataType::kFloat16:
-      case DataType::kBFloat16: return range(-30, 30);
-      default: return range(-1000, 1000);
+      case DataType::kBFloat16:
+        return range(-30, 30);
+      default:
+        return range(-1000, 1000);
     }
   }
   if (op == ReduceOp::kProduct) {
@@ -99,11 +131,21 @@ double Gen(DataType dt, ReduceOp op, int rank, size_t i, uint64_t seed) {
   // depends on the operand order, which differs between ring segments).
   double v = 0;
   switch (dt) {
-    case DataType::kUInt8: v = range(0, 255); break;
-    case DataType::kInt8: v = range(-128, 127); break;
-    case DataType::kInt16: v = range(-32768, 32767); break;
-    case DataType::kInt32: v = range(-1000000000, 1000000000); break;
-    case DataType::kInt64: v = range(-(1LL << 50), 1LL << 50); break;
+    case DataType::kUInt8:
+      v = range(0, 255);
+      break;
+    case DataType::kInt8:
+      v = range(-128, 127);
+      break;
+    case DataType::kInt16:
+      v = range(-32768, 32767);
+      break;
+    case DataType::kInt32:
+      v = range(-1000000000, 1000000000);
+      break;
+    case DataType::kInt64:
+      v = range(-(1LL << 50), 1LL << 50);
+      break;
     case DataType::kFloat16: {
       uint16_t b = static_cast<uint16_t>(h);
       if ((b & 0x7c00) == 0x7c00) b &= 0xbfff;  // no inf/nan
@@ -116,8 +158,12 @@ double Gen(DataType dt, ReduceOp op, int rank, size_t i, uint64_t seed) {
       v = BFloat16ToFloat(b);
       break;
     }
-    case DataType::kFloat32: v = range(-100000, 100000) / 8.0; break;
-    default: v = range(-(1LL << 40), 1LL << 40) / 1024.0; break;
+    case DataType::kFloat32:
+      v = range(-100000, 100000) / 8.0;
+      break;
+    default:
+      v = range(-(1LL << 40), 1LL << 40) / 1024.0;
+      break;
   }
   return v == 0 ? 0.0 : v;
 }
@@ -128,11 +174,16 @@ double Combine(DataType dt, ReduceOp op, double a, double b) {
     return is_or ? (a != 0 || b != 0) : (a != 0 && b != 0);
   }
   switch (op) {
-    case ReduceOp::kSum: return a + b;
-    case ReduceOp::kProduct: return a * b;
-    case ReduceOp::kMin: return b < a ? b : a;
-    case ReduceOp::kMax: return a < b ? b : a;
-    default: return 0;
+    case ReduceOp::kSum:
+      return a + b;
+    case ReduceOp::kProduct:
+      return a * b;
+    case ReduceOp::kMin:
+      return b < a ? b : a;
+    case ReduceOp::kMax:
+      return a < b ? b : a;
+    default:
+      return 0;
   }
 }
 
@@ -170,12 +221,13 @@ std::string Diff(DataType dt, const char* got, const char* want, size_t count) {
 
 uint64_t Fnv(const void* p, size_t n) {
   uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
+  for (size_t i = 0; i < n; ++i)
+    h = (h ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
   return h;
 }
 
-const DataType kAllTypes[] = {DataType::kUInt8,   DataType::kInt8,     DataType::kInt16,
-                              DataType::kInt32,   DataType::kInt64,    DataType::kFloat16,
+const DataType kAllTypes[] = {DataType::kUInt8,    DataType::kInt8,    DataType::kInt16,
+                              DataType::kInt32,    DataType::kInt64,   DataType::kFloat16,
                               DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64,
                               DataType::kBool};
 const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct};
@@ -218,8 +270,8 @@ void RunAllreduceCases(World& w, const std::vector<Case>& cases, uint64_t seed) 
   }
   for (int r = 1; r < n; ++r) {
     for (size_t c = 0; c < cases.size(); ++c) {
-      EXPECT_EQ(hashes[r][c], hashes[0][c]) << cases[c].Name() << ": rank " << r
-                                            << " differs from rank 0";
+      EXPECT_EQ(hashes[r][c], hashes[0][c])
+          << cases[c].Name() << ": rank " << r << " differs from rank 0";
     }
   }
 }
@@ -243,8 +295,8 @@ TEST_P(TcpCollectives, AllreduceEveryTypeAndOp) {
   for (DataType dt : kAllTypes) {
     const size_t at_switch = kSmall / DataTypeSize(dt);  // largest direct count
     for (ReduceOp op : kOps) {
-      for (size_t count : {size_t{1}, size_t(std::max(1, n - 1)), size_t{7}, size_t{1000},
-                           at_switch + 1}) {
+      for (size_t count :
+           {size_t{1}, size_t(std::max(1, n - 1)), size_t{7}, size_t{1000}, at_switch + 1}) {
         cases.push_back({dt, op, count});
       }
     }
@@ -355,10 +407,23 @@ TEST_P(TcpCollectives, AllgathervUnequalSizes) {
   Watchdog wd(60, "AllgathervUnequalSizes");
   const int n = GetParam();
   std::vector<std::vector<size_t>> patterns = {
-      [&] { std::vector<size_t> b(n); for (int r = 0; r < n; ++r) b[r] = r == 1 ? 0 : 1000 * (r + 1) + r; return b; }(),
+      [&] {
+        std::vector<size_t> b(n);
+        for (int r = 0; r < n; ++r) b[r] = r == 1 ? 0 : 1000 * (r + 1) + r;
+        return b;
+      }(),
       std::vector<size_t>(n, 0),
-      [&] { std::vector<size_t> b(n); const size_t s[] = {200003, 0, 70001, 5}; for (int r = 0; r < n; ++r) b[r] = s[r % 4]; return b; }(),
-      [&] { std::vector<size_t> b(n, 0); b[n - 1] = 12345; return b; }(),
+      [&] {
+        std::vector<size_t> b(n);
+        const size_t s[] = {200003, 0, 70001, 5};
+        for (int r = 0; r < n; ++r) b[r] = s[r % 4];
+        return b;
+      }(),
+      [&] {
+        std::vector<size_t> b(n, 0);
+        b[n - 1] = 12345;
+        return b;
+      }(),
   };
   std::vector<std::string> errors(n);
   RunRanks(n, [&](int r) {
@@ -489,8 +554,8 @@ TEST_P(TcpCollectives, ReducescatterUnevenCounts) {
     large[r] = r == 2 ? 0 : 40000 + 7 * r;  // > 64 KB in total: ring path
   }
   one_owner[0] = 30001;
-  for (DataType dt : {DataType::kFloat32, DataType::kInt32, DataType::kFloat16,
-                      DataType::kFloat64, DataType::kUInt8}) {
+  for (DataType dt : {DataType::kFloat32, DataType::kInt32, DataType::kFloat16, DataType::kFloat64,
+                      DataType::kUInt8}) {
     for (ReduceOp op : kOps) {
       RunReducescatter(world_, dt, op, small, 10);
       RunReducescatter(world_, dt, op, large, 11);
@@ -527,15 +592,16 @@ TEST_P(TcpCollectives, GatherAndBcastControlPlane) {
           }
         }
       }
-      std::string data = r == 0 ? "from the coordinator " + std::to_string(round) +
-                                      std::string(round * 70000, 'q')
-                                : "garbage that must be replaced";
+      std::string data =
+          r == 0 ? "from the coordinator " + std::to_string(round) + std::string(round * 70000, 'q')
+                 : "garbage that must be replaced";
       st = world_.transports[r]->Bcast(&data);
       if (!st.ok()) {
         errors[r] = st.message();
         return;
       }
-      if (data != "from the coordinator " + std::to_string(round) + std::string(round * 70000, 'q')) {
+      if (data !=
+          "from the coordinator " + std::to_string(round) + std::string(round * 70000, 'q')) {
         errors[r] += "bcast round " + std::to_string(round) + "; ";
       }
     }
@@ -614,7 +680,8 @@ TEST_P(TcpEdgeOptions, TinyThresholds) {
           return;
         }
         if (std::memcmp(buf.data(), want.data(), bytes) != 0) {
-          errors[r] += "bcast root " + std::to_string(root) + " bytes " + std::to_string(bytes) + "; ";
+          errors[r] +=
+              "bcast root " + std::to_string(root) + " bytes " + std::to_string(bytes) + "; ";
         }
       }
     }
@@ -743,8 +810,8 @@ TEST(TcpTransport, SubsetViewsShareTheMesh) {
     for (int round = 0; round < 3; ++round) {
       // The whole mesh first, then each set in order, as the runtime does.
       std::vector<float> all(1000, static_cast<float>(r + 1));
-      HVD_EXPECT_OK(w.transports[r]->Allreduce(all.data(), all.size(), DataType::kFloat32,
-                                               ReduceOp::kSum));
+      HVD_EXPECT_OK(
+          w.transports[r]->Allreduce(all.data(), all.size(), DataType::kFloat32, ReduceOp::kSum));
       EXPECT_EQ(all[999], 10.0f);
       for (size_t k = 0; k < sets.size(); ++k) {
         if (!views[k]) continue;

@@ -8,11 +8,11 @@ namespace hvd_test {
 Watchdog::Watchdog(double seconds, std::string what) {
   thread_ = std::thread([this, seconds, what = std::move(what)] {
     std::unique_lock<std::mutex> lock(mu_);
-    bool finished = cv_.wait_for(lock, std::chrono::duration<double>(seconds),
-                                 [this] { return done_; });
+    bool finished =
+        cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return done_; });
     if (!finished) {
-      std::fprintf(stderr, "\nWATCHDOG: '%s' still running after %.1f s; aborting\n",
-                   what.c_str(), seconds);
+      std::fprintf(stderr, "\nWATCHDOG: '%s' still running after %.1f s; aborting\n", what.c_str(),
+                   seconds);
       std::fflush(stderr);
       std::abort();
     }
@@ -52,7 +52,8 @@ std::string StatusString(const hvd::Status& st) {
 
 hvd::Status MakeWorld(int n, const hvd::TcpOptions& options, World* world,
                       const std::string& prefix) {
-  return MakeWorld(n, [&options](int) { return options; }, world, prefix);
+  return MakeWorld(
+      n, [&options](int) { return options; }, world, prefix);
 }
 
 hvd::Status MakeWorld(int n, const std::function<hvd::TcpOptions(int)>& options, World* world,
@@ -68,8 +69,8 @@ hvd::Status MakeWorld(int n, const std::function<hvd::TcpOptions(int)>& options,
   RunRanks(n, [&](int r) {
     st[r] = hvd::StoreClient::Connect("127.0.0.1", port, kSecret, 5.0, &world->clients[r]);
     if (!st[r].ok()) return;
-    st[r] = hvd::TcpTransport::Create(world->clients[r].get(), prefix, r, n, kSecret,
-                                      options(r), &world->transports[r]);
+    st[r] = hvd::TcpTransport::Create(world->clients[r].get(), prefix, r, n, kSecret, options(r),
+                                      &world->transports[r]);
   });
   for (int r = 0; r < n; ++r) {
     if (!st[r].ok()) {
@@ -83,8 +84,7 @@ hvd::Status AllreduceUntil(World& w, int r, const std::atomic<bool>& stop, int* 
   const int n = w.size();
   while (true) {
     float x[2] = {1.0f, r == 0 && stop ? 1.0f : 0.0f};
-    hvd::Status st =
-        w.transports[r]->Allreduce(x, 2, hvd::DataType::kFloat32, hvd::ReduceOp::kSum);
+    hvd::Status st = w.transports[r]->Allreduce(x, 2, hvd::DataType::kFloat32, hvd::ReduceOp::kSum);
     if (!st.ok()) return st;
     if (x[0] != static_cast<float>(n)) {
       return hvd::Status::Aborted("allreduce gave " + std::to_string(x[0]) + ", not " +

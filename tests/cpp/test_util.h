@@ -98,13 +98,13 @@ std::string StatusString(const hvd::Status& st);
 }  // namespace hvd_test
 
 // gtest-friendly status assertions.
-#define HVD_ASSERT_OK(expr)                                            \
-  do {                                                                 \
-    ::hvd::Status _s = (expr);                                         \
+#define HVD_ASSERT_OK(expr)                                                \
+  do {                                                                     \
+    ::hvd::Status _s = (expr);                                             \
     ASSERT_TRUE(_s.ok()) << #expr << ": " << ::hvd_test::StatusString(_s); \
   } while (0)
-#define HVD_EXPECT_OK(expr)                                            \
-  do {                                                                 \
-    ::hvd::Status _s = (expr);                                         \
+#define HVD_EXPECT_OK(expr)                                                \
+  do {                                                                     \
+    ::hvd::Status _s = (expr);                                             \
     EXPECT_TRUE(_s.ok()) << #expr << ": " << ::hvd_test::StatusString(_s); \
   } while (0)

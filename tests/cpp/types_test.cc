@@ -47,7 +47,10 @@ uint16_t RoundOracle(double x, int max_bits, double (*mag)(int), uint16_t inf_bi
   } else {
     while (lo < hi) {
       int mid = (lo + hi + 1) / 2;
-      if (mag(mid) <= a) lo = mid; else hi = mid - 1;
+      if (mag(mid) <= a)
+        lo = mid;
+      else
+        hi = mid - 1;
     }
   }
   int k = lo;
@@ -68,16 +71,18 @@ uint16_t RefFloatToBFloat16(double x) {
 double RefHalfToDouble(uint16_t h) {
   double s = (h & 0x8000) ? -1.0 : 1.0;
   int k = h & 0x7fff;
-  if ((k >> 10) == 0x1f) return (k & 0x3ff) ? std::numeric_limits<double>::quiet_NaN()
-                                            : s * std::numeric_limits<double>::infinity();
+  if ((k >> 10) == 0x1f)
+    return (k & 0x3ff) ? std::numeric_limits<double>::quiet_NaN()
+                       : s * std::numeric_limits<double>::infinity();
   return s * HalfMagnitude(k);
 }
 
 double RefBFloat16ToDouble(uint16_t b) {
   double s = (b & 0x8000) ? -1.0 : 1.0;
   int k = b & 0x7fff;
-  if ((k >> 7) == 0xff) return (k & 0x7f) ? std::numeric_limits<double>::quiet_NaN()
-                                          : s * std::numeric_limits<double>::infinity();
+  if ((k >> 7) == 0xff)
+    return (k & 0x7f) ? std::numeric_limits<double>::quiet_NaN()
+                      : s * std::numeric_limits<double>::infinity();
   return s * BFloat16Magnitude(k);
 }
 
@@ -133,11 +138,16 @@ T RefInt(T a, T b, ReduceOp op) {
     ub = static_cast<uint64_t>(b);
   }
   switch (op) {
-    case ReduceOp::kSum: return static_cast<T>(ua + ub);
-    case ReduceOp::kProduct: return static_cast<T>(ua * ub);
-    case ReduceOp::kMin: return b < a ? b : a;
-    case ReduceOp::kMax: return a < b ? b : a;
-    default: return 0;
+    case ReduceOp::kSum:
+      return static_cast<T>(ua + ub);
+    case ReduceOp::kProduct:
+      return static_cast<T>(ua * ub);
+    case ReduceOp::kMin:
+      return b < a ? b : a;
+    case ReduceOp::kMax:
+      return a < b ? b : a;
+    default:
+      return 0;
   }
 }
 
@@ -185,11 +195,20 @@ void CheckFloatReduce(DataType dtype) {
       a[i] = static_cast<T>(dist(rng));
       b[i] = (i % 7 == 0) ? a[i] : static_cast<T>(dist(rng));
       switch (op) {
-        case ReduceOp::kSum: expect[i] = a[i] + b[i]; break;
-        case ReduceOp::kProduct: expect[i] = a[i] * b[i]; break;
-        case ReduceOp::kMin: expect[i] = b[i] < a[i] ? b[i] : a[i]; break;
-        case ReduceOp::kMax: expect[i] = a[i] < b[i] ? b[i] : a[i]; break;
-        default: break;
+        case ReduceOp::kSum:
+          expect[i] = a[i] + b[i];
+          break;
+        case ReduceOp::kProduct:
+          expect[i] = a[i] * b[i];
+          break;
+        case ReduceOp::kMin:
+          expect[i] = b[i] < a[i] ? b[i] : a[i];
+          break;
+        case ReduceOp::kMax:
+          expect[i] = a[i] < b[i] ? b[i] : a[i];
+          break;
+        default:
+          break;
       }
     }
     ReduceInto(a.data(), b.data(), n, dtype, op);
@@ -230,11 +249,20 @@ void CheckHalfReduce(DataType dtype) {
       double y = is_half ? RefHalfToDouble(b[i]) : RefBFloat16ToDouble(b[i]);
       double r = 0;
       switch (op) {
-        case ReduceOp::kSum: r = x + y; break;
-        case ReduceOp::kProduct: r = x * y; break;
-        case ReduceOp::kMin: r = y < x ? y : x; break;
-        case ReduceOp::kMax: r = x < y ? y : x; break;
-        default: break;
+        case ReduceOp::kSum:
+          r = x + y;
+          break;
+        case ReduceOp::kProduct:
+          r = x * y;
+          break;
+        case ReduceOp::kMin:
+          r = y < x ? y : x;
+          break;
+        case ReduceOp::kMax:
+          r = x < y ? y : x;
+          break;
+        default:
+          break;
       }
       if (op == ReduceOp::kMin || op == ReduceOp::kMax) {
         expect[i] = (r == x && std::signbit(r) == std::signbit(x)) ? a[i] : b[i];
@@ -249,8 +277,7 @@ void CheckHalfReduce(DataType dtype) {
       if (got[i] != expect[i]) {
         ++bad;
         ADD_FAILURE() << DataTypeName(dtype) << " " << ReduceOpName(op) << std::hex << " a=0x"
-                      << a[i] << " b=0x" << b[i] << " got=0x" << got[i] << " want=0x"
-                      << expect[i];
+                      << a[i] << " b=0x" << b[i] << " got=0x" << got[i] << " want=0x" << expect[i];
       }
     }
   }
