@@ -61,7 +61,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
         self._handles: Dict[torch.Tensor, Tuple[Optional[int], object, torch.Tensor]] = {}
         self._group_ready: Dict[int, set] = {}
-        self._passes: Dict[torch.Tensor, int] = {}
+        # Backward passes per parameter (the C++ hooks keep their own, of the same kind).
+        self._index = {p: i for i, p in enumerate(self._requires_update)}
+        self._counter = _C.PassCounter(len(self._requires_update), int(backward_passes_per_step))
         self._synchronized = False
         self._should_synchronize = True
         self._hook_handles = []
@@ -79,6 +81,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     @backward_passes_per_step.setter
     def backward_passes_per_step(self, n: int) -> None:
         self._backward_passes_per_step = n
+        if getattr(self, "_counter", None) is not None:
+            self._counter.set_passes_per_step(int(n))
         if self._native is not None:
             self._native.set_passes_per_step(int(n))
 
@@ -112,25 +116,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                         int(self.backward_passes_per_step), wire)
             self._native_wire = wire != ""
             return
-        for p in self._requires_update:
-            self._hook_handles.append(p.register_post_accumulate_grad_hook(self._make_hook()))
+        for i, p in enumerate(self._requires_update):
+            self._hook_handles.append(p.register_post_accumulate_grad_hook(self._make_hook(i)))
 
-    def _make_hook(self):
+    def _make_hook(self, i: int):
         def hook(p: torch.Tensor) -> None:
-            if p in self._handles and self._handles[p][0] is not None:
-                # The allreduce of this gradient is in flight: another backward pass
-                # would add into it and make ranks disagree.
-                raise AssertionError(
-                    "Gradients were computed more than backward_passes_per_step "
-                    f"({self.backward_passes_per_step}) times before optimizer.step() or "
-                    "synchronize(); raise backward_passes_per_step to accumulate gradients "
-                    "locally")
-            passes = self._passes.get(p, 0) + 1
-            self._passes[p] = passes
-            if passes < self.backward_passes_per_step:
-                return
-            self._start(p)
-        return hook
+            # True on the step's last pass; an AssertionError once the allreduce is in
+            # flight (another pass would add into it and make ranks disagree).
+            if self._counter.count(i):
+                self._start(p)
+        # Compiled autograd runs it as it is, untraced: traced by Dynamo, every call
+        # reached the first parameter's entries in the optimizer's tensor-keyed tables.
+        return torch.compiler.disable(hook)
+
+    def _started(self, p: torch.Tensor, entry) -> None:
+        self._handles[p] = entry
+        self._counter.mark_started(self._index[p])
 
     def _scales(self) -> Tuple[int, float, float]:
         if self._op == Average:
@@ -161,7 +162,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             h = sparse_allreduce_async(p.grad, name=self._wire_names[p],
                                        op=Sum if self._op == Sum else Average,
                                        process_set=self._process_set)
-            self._handles[p] = (h, _SPARSE, None)
+            self._started(p, (h, _SPARSE, None))
             return
         if p in self._groups:
             gi = self._groups[p]
@@ -176,13 +177,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                               prescale_factor=pre, postscale_factor=post,
                                               process_set=self._process_set)
                 for q, h, (c, ctx) in zip(members, hs, prepared):
-                    self._handles[q] = (h, ctx, c)
+                    self._started(q, (h, ctx, c))
                 del self._group_ready[gi]
             return
         compressed, ctx = self._prepare(p)
         h = allreduce_async_(compressed, name=self._wire_names[p], op=op, prescale_factor=pre,
                              postscale_factor=post, process_set=self._process_set)
-        self._handles[p] = (h, ctx, compressed)
+        self._started(p, (h, ctx, compressed))
 
     # -- public API ------------------------------------------------------------
 
@@ -240,7 +241,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Forgets gradients in flight (after synchronize, or when elastic training
         restores the state after a failure)."""
         self._handles.clear()
-        self._passes.clear()
+        self._counter.reset()
         self._group_ready.clear()
         if self._native is not None:
             self._native.reset()

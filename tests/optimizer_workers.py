@@ -210,6 +210,31 @@ def behaviours():
     print("behaviours ok", flush=True)
 
 
+def extra_pass():
+    """backward_passes_per_step counted per parameter, on the hook path this process
+    runs (HOROVOD_NATIVE_GRAD_HOOKS): one pass too many raises the same
+    AssertionError either way, a step starts the count afresh, and a new
+    backward_passes_per_step applies at once."""
+    hvd.init()
+    model = nn.Linear(2, 1, bias=False)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(),
+                                   backward_passes_per_step=2)
+    assert (opt._native is not None) == (os.environ.get("HOROVOD_NATIVE_GRAD_HOOKS") != "0")
+    x = torch.ones(1, 2)
+    for n in (2, 3):
+        opt.backward_passes_per_step = n
+        for step in range(2):
+            opt.zero_grad()
+            for _ in range(n):
+                model(x).sum().backward()
+            expect_raises(AssertionError, lambda: model(x).sum().backward(),
+                          f"more than backward_passes_per_step ({n}) times")
+            opt.step()
+    print("extra pass ok", flush=True)
+    hvd.shutdown()
+
+
 def amp_gradscaler():
     """AMP on GPU: scale, backward, synchronize, unscale, clip, step inside
     skip_synchronize; every rank ends with the same finite parameters."""

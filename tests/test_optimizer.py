@@ -47,6 +47,13 @@ def test_fp16_compression_sends_float16(native):
                 env={"HOROVOD_NATIVE_GRAD_HOOKS": native})
 
 
+@pytest.mark.parametrize("native", ["1", "0"], ids=["cpp-hooks", "python-hooks"])
+def test_a_pass_too_many_raises_on_either_hook_path(native):
+    results = run_workers("tests.optimizer_workers:extra_pass", 2, timeout=90,
+                          env={"HOROVOD_NATIVE_GRAD_HOOKS": native})
+    assert all("extra pass ok" in r.output for r in results)
+
+
 def test_optimizer_behaviours():
     run_workers("tests.optimizer_workers:behaviours", 2, timeout=90)
 

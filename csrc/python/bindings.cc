@@ -20,6 +20,7 @@
 #include "core/runtime.h"
 #include "python/grad_hooks.h"
 #include "python/module_state.h"
+#include "python/pass_counter.h"
 #include "rendezvous/store.h"
 
 namespace py = pybind11;
@@ -498,6 +499,32 @@ PYBIND11_MODULE(_C, m) {
       .def("reset", &GradHooks::Reset)
       .def("in_flight", &GradHooks::InFlight)
       .def("set_passes_per_step", &GradHooks::SetPassesPerStep);
+  // The Python hooks' pass counting: the same PassCounter as GradHooks'.
+  py::class_<PassCounter>(m, "PassCounter")
+      .def(py::init<size_t, int>())
+      .def("count",  // True: start the allreduce now; a pass too many: AssertionError
+           [](PassCounter& c, size_t i) {
+             if (i >= c.size())
+               throw py::index_error("PassCounter: no parameter " + std::to_string(i));
+             switch (c.Count(i)) {
+               case PassCounter::Hit::kWait:
+                 return false;
+               case PassCounter::Hit::kStart:
+                 return true;
+               case PassCounter::Hit::kExtra:
+                 break;
+             }
+             PyErr_SetString(PyExc_AssertionError, c.ExtraPassMessage().c_str());
+             throw py::error_already_set();
+           })
+      .def("mark_started",
+           [](PassCounter& c, size_t i) {
+             if (i >= c.size())
+               throw py::index_error("PassCounter: no parameter " + std::to_string(i));
+             c.MarkStarted(i);
+           })
+      .def("reset", &PassCounter::Reset)
+      .def("set_passes_per_step", &PassCounter::set_passes_per_step);
   m.attr("OP_ALLREDUCE") = static_cast<int>(OpType::kAllreduce);
   m.attr("OP_ALLGATHER") = static_cast<int>(OpType::kAllgather);
   m.attr("OP_BROADCAST") = static_cast<int>(OpType::kBroadcast);

@@ -11,6 +11,7 @@
 
 #include "common/thread_annotations.h"
 #include "python/module_state.h"
+#include "python/pass_counter.h"
 
 namespace py = pybind11;
 
@@ -18,8 +19,6 @@ namespace hvd {
 
 struct GradHooks::State {
   struct Slot {
-    int passes = 0;
-    bool started = false;                 // its allreduce was submitted this step
     std::shared_ptr<HandleState> handle;  // until Take()
     at::Tensor wire_tensor;
   };
@@ -31,38 +30,35 @@ struct GradHooks::State {
   int process_set_id = 0;
   c10::optional<at::ScalarType> wire;
   Mutex mu;
-  int passes_per_step HVD_GUARDED_BY(mu) = 1;
+  PassCounter counter HVD_GUARDED_BY(mu){0, 1};
   std::vector<Slot> slots HVD_GUARDED_BY(mu);
 
   void Fire(size_t i) {
-    int extra_pass_of = 0;  // an extra backward pass: raise after unlocking mu
+    std::string extra;  // a pass too many: raise after unlocking mu
     {
       MutexLock lock(mu);
-      if (slots[i].started) {
-        extra_pass_of = passes_per_step;
-      } else {
-        Start(i);
+      switch (counter.Count(i)) {
+        case PassCounter::Hit::kWait:
+          return;
+        case PassCounter::Hit::kExtra:
+          extra = counter.ExtraPassMessage();
+          break;
+        case PassCounter::Hit::kStart:
+          Start(i);
+          return;
       }
     }
-    if (extra_pass_of > 0) {
-      // As the Python hook: an AssertionError out of backward().
-      pybind11::gil_scoped_acquire gil;
-      PyErr_SetString(PyExc_AssertionError,
-                      ("Gradients were computed more than backward_passes_per_step (" +
-                       std::to_string(extra_pass_of) +
-                       ") times before optimizer.step() or synchronize(); raise "
-                       "backward_passes_per_step to accumulate gradients locally")
-                          .c_str());
-      ::python_error e;
-      e.persist();
-      throw e;
-    }
+    // As the Python hook: an AssertionError out of backward().
+    pybind11::gil_scoped_acquire gil;
+    PyErr_SetString(PyExc_AssertionError, extra.c_str());
+    ::python_error e;
+    e.persist();
+    throw e;
   }
-  // Counts the pass and, on the last one, submits the allreduce. Holds mu.
+  // Submits the allreduce of parameter i's gradient (its last pass of the step).
   void Start(size_t i) HVD_REQUIRES(mu) {
     Slot& slot = slots[i];
     const at::Tensor grad = params[i].grad();
-    if (++slot.passes < passes_per_step) return;
     if (!grad.defined() || grad.layout() != at::kStrided || !grad.is_contiguous()) {
       return;  // synchronize() starts it from Python
     }
@@ -92,7 +88,7 @@ struct GradHooks::State {
       slot.handle = std::make_shared<HandleState>();
       slot.handle->Complete(st);
     }
-    slot.started = true;
+    counter.MarkStarted(i);
     slot.wire_tensor = std::move(w);
   }
 };
@@ -142,7 +138,6 @@ GradHooks::GradHooks(std::vector<at::Tensor> params, std::vector<std::string> na
   s.prescale = prescale;
   s.postscale = postscale;
   s.process_set_id = process_set_id;
-  s.passes_per_step = passes_per_step;
   if (wire == "float16") {
     s.wire = at::kHalf;
   } else if (wire == "bfloat16") {
@@ -150,7 +145,11 @@ GradHooks::GradHooks(std::vector<at::Tensor> params, std::vector<std::string> na
   } else if (!wire.empty()) {
     throw py::value_error("GradHooks: unknown wire dtype '" + wire + "'");
   }
-  s.slots.resize(s.params.size());
+  {
+    MutexLock lock(s.mu);  // no hook runs yet; the lock keeps the rule simple
+    s.counter = PassCounter(s.params.size(), passes_per_step);
+    s.slots.resize(s.params.size());
+  }
   for (size_t i = 0; i < s.params.size(); ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(s.params[i]);
     if (!acc) throw py::value_error("GradHooks: parameter " + s.names[i] + " is not a leaf");
@@ -180,19 +179,17 @@ py::list GradHooks::Take() {
 void GradHooks::Reset() {
   MutexLock lock(state_->mu);
   for (State::Slot& slot : state_->slots) slot = State::Slot();
+  state_->counter.Reset();
 }
 
 bool GradHooks::InFlight() {
   MutexLock lock(state_->mu);
-  for (const State::Slot& slot : state_->slots) {
-    if (slot.started) return true;
-  }
-  return false;
+  return state_->counter.AnyStarted();
 }
 
 void GradHooks::SetPassesPerStep(int n) {
   MutexLock lock(state_->mu);
-  state_->passes_per_step = n;
+  state_->counter.set_passes_per_step(n);
 }
 
 }  // namespace hvd
