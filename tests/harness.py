@@ -6,6 +6,7 @@ everything on a hang and says which ranks did not finish.
 """
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import time
@@ -20,6 +21,24 @@ class WorkerResult:
     rank: int
     returncode: Optional[int]
     output: str
+
+
+def master_port() -> int:
+    """A MASTER_PORT for a job started without horovodrun: a port P such that P and
+    P + 1 (where rank 0's store listens) are both free on 127.0.0.1 now. A free port
+    alone, with P + 1 left to chance, failed in CI when another socket held P + 1."""
+    for _ in range(100):
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            if port >= 65535:
+                continue
+            try:
+                b.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no pair of free ports on 127.0.0.1")
 
 
 def worker_env(rank: int, size: int, port: int, secret: str,

@@ -3,21 +3,14 @@ mpirun by the variables they set, with the TCP transport (HOROVOD_CONTROLLER=glo
 tests/test_mpi.py runs real mpirun jobs over MPI)."""
 import os
 import re
-import socket
 import subprocess
 import sys
 
 import pytest
 
-from tests.harness import ROOT
+from tests.harness import ROOT, master_port
 
 PROBE = os.path.join(ROOT, "tests", "foreign_launchers_probe.py")
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _clean_env(**extra):
@@ -36,7 +29,7 @@ def _probes(text):
 
 
 def test_torchrun():
-    port = _free_port()
+    port = master_port()
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                           "--master-addr", "127.0.0.1", "--master-port", str(port), PROBE],
                          env=_clean_env(), capture_output=True, text=True, timeout=120)
@@ -48,7 +41,7 @@ def test_torchrun():
 
 @pytest.mark.parametrize("launcher", ["srun", "mpirun"])
 def test_slurm_and_openmpi_variables(launcher):
-    port = _free_port()
+    port = master_port()
     procs = []
     for r in range(2):
         if launcher == "srun":

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import ROOT
+from tests.harness import ROOT, master_port
 
 PROBE = os.path.join(ROOT, "tests", "store_security_probe.py")
 HANDSHAKE_LINE = "failed the job-secret handshake"
@@ -35,12 +35,6 @@ HANDSHAKE_LINE = "failed the job-secret handshake"
 
 def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _closed(sock: socket.socket) -> bool:
@@ -257,7 +251,7 @@ def _assert_closed_to_the_old_secret(store_port: int, old_secret: str) -> None:
 def test_torchrun_store_listens_on_master_addr_with_a_secret_from_torchruns_store(
         tmp_path: Path) -> None:
     import torch.distributed as dist
-    port = _free_port()
+    port = master_port()
     procs = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
          "--master-addr", "127.0.0.1", "--master-port", str(port), PROBE, str(tmp_path)],
@@ -287,7 +281,7 @@ def test_torchrun_store_listens_on_master_addr_with_a_secret_from_torchruns_stor
 
 
 def test_srun_variables_on_one_host_use_a_private_secret(tmp_path: Path) -> None:
-    port = _free_port()
+    port = master_port()
     procs = []
     for r in range(2):
         env = _clean_env(SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_NNODES="1",
@@ -315,7 +309,7 @@ def test_srun_variables_on_one_host_use_a_private_secret(tmp_path: Path) -> None
 def test_several_hosts_without_a_secret_is_a_clear_error(launcher: str) -> None:
     """No store of the launcher's to pass a secret through, and the ranks on other
     hosts cannot read rank 0's file: HOROVOD_SECRET is required (and then used)."""
-    port = _free_port()
+    port = master_port()
     if launcher == "srun":
         extra = dict(SLURM_PROCID="0", SLURM_NTASKS="2", SLURM_NNODES="2", SLURM_JOB_ID="42")
     else:  # RANK/WORLD_SIZE without torchrun (no TORCHELASTIC_USE_AGENT_STORE)
