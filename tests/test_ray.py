@@ -72,7 +72,8 @@ class TestStatic:
     """Static jobs. Their executor (all the CPUs) is stopped before the elastic tests."""
 
     @pytest.fixture(scope="class")
-    def executor(self, local_ray):
+    @classmethod
+    def executor(cls, local_ray):
         """Three static workers (Counter executables), shared by the static tests."""
         ex = RayExecutor(RayExecutor.create_settings(timeout_s=120), num_workers=NUM_CPUS,
                          cpus_per_worker=1)
