@@ -53,9 +53,13 @@ demo: build
 demo-plain: build
 	$(DEMO) --no-fault
 
-cpp-test:
-	@$(STAGE) "C++ tests: build (about 6 min on 2 cores the first time)" $(MAKE) -C tests/cpp -j2
+# The torch-free tests, then the Runtime's (linked against the virtual environment's
+# libtorch).
+cpp-test: setup
+	@$(STAGE) "C++ tests: build (about 7 min on 2 cores the first time)" \
+	    $(MAKE) -C tests/cpp -j2 all runtime PYTHON=$(PYTHON)
 	$(MAKE) -C tests/cpp run
+	$(MAKE) -C tests/cpp runtime-run PYTHON=$(PYTHON)
 
 # The C++ style (.clang-format) and Clang's thread-safety analysis of the lock
 # annotations (csrc/common/thread_annotations.h).

@@ -60,10 +60,8 @@ Status Runtime::Create(const WorldInfo& world, const Config& config,
     HVD_RETURN_IF_ERROR(rt->timeline_.Start(config.timeline, config.timeline_mark_cycles != 0));
   }
   if (transport) {
-    rt->world_.use_mpi = true;
     rt->transport_ = std::move(transport);
   } else {
-    rt->world_.use_mpi = false;
     if (world.size > 1) {
       if (world.store_host.empty()) {
         return Status::InvalidArgument(

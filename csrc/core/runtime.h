@@ -45,13 +45,13 @@ struct WorldInfo {
   int store_port = 0;
   std::string secret;
   std::string prefix;    // rendezvous namespace, unique per init (e.g. "gen3")
-  bool use_mpi = false;  // set by Create: the communicator came from MpiSetup
+  bool use_mpi = false;  // the caller passes Create MpiSetup's communicator
 };
 
 class Runtime {
  public:
   // `transport`: the world's communicator when the caller made it (MPI's, from
-  // MpiSetup); null: the TCP mesh, through the store `world` names.
+  // MpiSetup, or a test's); null: the TCP mesh, through the store `world` names.
   static Status Create(const WorldInfo& world, const Config& config,
                        std::unique_ptr<Communicator> transport, std::unique_ptr<Runtime>* out);
   // HOROVOD_SPIN_US, or when it is unset (-1), 100 once this process has submitted a

@@ -122,6 +122,14 @@ Status Runtime::CheckLocal(const Submission& s, const std::vector<int>* set_rank
                                    "': in-place ops need a contiguous tensor; call "
                                    ".contiguous() first or use the out-of-place variant");
   }
+  // The executors write these ops' results into `output` (which may alias the input);
+  // the others allocate theirs.
+  if ((r.type == OpType::kAllreduce || r.type == OpType::kBroadcast) &&
+      (!s.output.defined() || s.output.scalar_type() != s.input.scalar_type() ||
+       s.output.sizes() != s.input.sizes())) {
+    return Status::InvalidArgument(std::string("internal: ") + op + " of '" + r.name +
+                                   "' needs an output tensor of its input's dtype and shape");
+  }
   bool reduces = r.type == OpType::kAllreduce || r.type == OpType::kReducescatter;
   if (reduces && static_cast<int>(r.op) > static_cast<int>(ReduceOp::kProduct)) {
     return Status::InvalidArgument(std::string(op) + " of '" + r.name + "': op " +

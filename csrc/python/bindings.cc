@@ -141,6 +141,7 @@ py::tuple InitMpi(std::vector<int> ranks, int64_t fortran_handle) {
                         w->local_size = m.local_size;
                         w->cross_rank = m.cross_rank;
                         w->cross_size = m.cross_size;
+                        w->use_mpi = true;
                         return Status::Ok();
                       });
 }

@@ -1,0 +1,374 @@
+// The Runtime's own tests (core/runtime.h): N runtimes as threads of one process,
+// each with its background loop, over the TCP mesh through a rendezvous store, as
+// hvd.init() makes them but without Python. They drive Submit() and the handles
+// directly: results, fusion, the errors that fail one op and leave the engine
+// running, the checks made before an op is queued, process sets, join, a lost
+// peer and shutdown with ops in flight.
+//
+// This file is the one C++ test that needs ATen (entries carry at::Tensor), so it
+// builds into its own binary, linked against the libtorch of the Python whose torch
+// builds the extension (tests/cpp/Makefile: `make runtime`).
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/runtime.h"
+#include "test_util.h"
+#include "transport/tcp_transport.h"
+
+namespace hvd {
+namespace {
+
+using hvd_test::kSecret;
+using hvd_test::RunRanks;
+using hvd_test::StatusString;
+using hvd_test::Watchdog;
+
+constexpr auto kWait = std::chrono::seconds(30);
+
+Config TestConfig() {
+  Config c;
+  c.start_timeout_s = 10;
+  c.stall_check_disable = 1;
+  c.thread_affinity = "";
+  return c;
+}
+
+// `n` runtimes started through one store, as init() on n processes would.
+struct Job {
+  std::unique_ptr<StoreServer> server;
+  std::vector<std::unique_ptr<Runtime>> rt;
+
+  Status Start(int n, const Config& config = TestConfig(), const std::string& prefix = "g0") {
+    server = std::make_unique<StoreServer>("127.0.0.1", 0, kSecret);
+    if (!server->status().ok()) return server->status();
+    rt.clear();
+    rt.resize(n);
+    std::vector<Status> st(n);
+    RunRanks(n, [&](int r) {
+      WorldInfo w;
+      w.rank = r;
+      w.size = n;
+      w.local_rank = r;
+      w.local_size = n;
+      w.store_host = "127.0.0.1";
+      w.store_port = server->port();
+      w.secret = kSecret;
+      w.prefix = prefix;
+      st[r] = Runtime::Create(w, config, nullptr, &rt[r]);
+    });
+    for (int r = 0; r < n; ++r) {
+      if (!st[r].ok()) return Status::Aborted("rank " + std::to_string(r) + ": " + st[r].message());
+    }
+    return Status::Ok();
+  }
+  // Negotiated shutdown on every rank at once.
+  void Stop() {
+    RunRanks(static_cast<int>(rt.size()), [&](int r) { rt[r].reset(); });
+  }
+  ~Job() { Stop(); }
+};
+
+Submission Op(OpType type, const std::string& name, at::Tensor input,
+              ReduceOp op = ReduceOp::kSum) {
+  Submission s;
+  s.request.type = type;
+  s.request.name = name;
+  s.request.op = op;
+  s.input = std::move(input);
+  return s;
+}
+
+Submission Allreduce(const std::string& name, at::Tensor t, ReduceOp op = ReduceOp::kSum) {
+  Submission s = Op(OpType::kAllreduce, name, t, op);
+  s.output = t;  // in place, as the optimizer's allreduce_
+  return s;
+}
+
+// Submits and waits; the op's status (the submission's if it was refused).
+Status RunOps(Runtime& rt, std::vector<Submission> subs,
+              std::vector<std::shared_ptr<HandleState>>* out = nullptr) {
+  std::vector<std::shared_ptr<HandleState>> handles;
+  HVD_RETURN_IF_ERROR(rt.Submit(std::move(subs), &handles));
+  Status first;
+  for (auto& h : handles) {
+    if (!h->Wait(0, kWait)) return Status::Aborted("op '" + h->name() + "' did not complete");
+    if (first.ok() && !h->status().ok()) first = h->status();
+  }
+  if (out != nullptr) *out = handles;
+  return first;
+}
+
+Status RunOne(Runtime& rt, Submission s, std::shared_ptr<HandleState>* out = nullptr) {
+  std::vector<Submission> subs;
+  subs.push_back(std::move(s));
+  std::vector<std::shared_ptr<HandleState>> handles;
+  Status st = RunOps(rt, std::move(subs), &handles);
+  if (out != nullptr && !handles.empty()) *out = handles[0];
+  return st;
+}
+
+bool Contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+TEST(RuntimeTest, AllreduceSumAndAverageOnThreeRanks) {
+  Watchdog dog(60, "AllreduceSumAndAverageOnThreeRanks");
+  Job job;
+  HVD_ASSERT_OK(job.Start(3));
+  RunRanks(3, [&](int r) {
+    at::Tensor a = at::full({5}, static_cast<double>(r + 1), at::kFloat);
+    HVD_EXPECT_OK(RunOne(*job.rt[r], Allreduce("sum", a)));
+    EXPECT_TRUE(at::equal(a, at::full({5}, 6.0, at::kFloat))) << a;
+    at::Tensor b = at::full({2, 3}, static_cast<double>(r + 1), at::kDouble);
+    HVD_EXPECT_OK(RunOne(*job.rt[r], Allreduce("avg", b, ReduceOp::kAverage)));
+    EXPECT_TRUE(at::equal(b, at::full({2, 3}, 2.0, at::kDouble))) << b;
+    // Not in place: the result goes to the output, the input is left alone.
+    at::Tensor c = at::full({4}, static_cast<double>(r), at::kLong);
+    Submission max = Op(OpType::kAllreduce, "max", c, ReduceOp::kMax);
+    max.output = at::empty_like(c);
+    std::shared_ptr<HandleState> h;
+    HVD_EXPECT_OK(RunOne(*job.rt[r], max, &h));
+    ASSERT_TRUE(h);
+    EXPECT_TRUE(at::equal(h->output(), at::full({4}, 2, at::kLong))) << h->output();
+    EXPECT_TRUE(at::equal(max.output, at::full({4}, 2, at::kLong)));
+    EXPECT_TRUE(at::equal(c, at::full({4}, r, at::kLong)));
+  });
+}
+
+// Many ops submitted in a different order on every rank, some fused into one
+// batch and some not (a 1 KB fusion threshold): every result exact.
+TEST(RuntimeTest, ManyOpsInAnyOrderFusedOrNotAreExact) {
+  Watchdog dog(90, "ManyOpsInAnyOrderFusedOrNotAreExact");
+  Config config = TestConfig();
+  config.fusion_threshold_bytes = 1024;
+  Job job;
+  HVD_ASSERT_OK(job.Start(3, config));
+  constexpr int kOps = 60;
+  RunRanks(3, [&](int r) {
+    std::vector<int> order(kOps);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), std::mt19937(r + 7));
+    std::vector<at::Tensor> ts(kOps);
+    std::vector<std::shared_ptr<HandleState>> all;
+    for (int i : order) {
+      // 1 to 600 floats: below and above the threshold
+      ts[i] = at::arange(1 + (i * 37) % 600, at::kFloat) * static_cast<double>(r + 1);
+      // One submission per op (not a group), so each cycle takes what has come.
+      std::vector<std::shared_ptr<HandleState>> h;
+      HVD_EXPECT_OK(job.rt[r]->Submit({Allreduce("t" + std::to_string(i), ts[i])}, &h));
+      all.insert(all.end(), h.begin(), h.end());
+    }
+    for (auto& h : all) {
+      ASSERT_TRUE(h->Wait(0, kWait)) << h->name();
+      HVD_EXPECT_OK(h->status());
+    }
+    for (int i = 0; i < kOps; ++i) {
+      at::Tensor want = at::arange(1 + (i * 37) % 600, at::kFloat) * 6.0;
+      EXPECT_TRUE(at::equal(ts[i], want)) << "op " << i << " on rank " << r;
+    }
+  });
+}
+
+// A mismatch between ranks fails that op, with the same message, on every rank;
+// the engine goes on and runs the next op.
+TEST(RuntimeTest, MismatchFailsTheOpOnEveryRankAndTheEngineGoesOn) {
+  Watchdog dog(60, "MismatchFailsTheOpOnEveryRankAndTheEngineGoesOn");
+  Job job;
+  HVD_ASSERT_OK(job.Start(3));
+  std::vector<std::string> errors(3);
+  RunRanks(3, [&](int r) {
+    at::Tensor bad = at::ones({2 + (r == 1 ? 1 : 0)}, at::kFloat);
+    Status st = RunOne(*job.rt[r], Allreduce("bad", bad));
+    EXPECT_FALSE(st.ok());
+    errors[r] = st.message();
+    at::Tensor dtype = r == 2 ? at::ones({2}, at::kDouble) : at::ones({2}, at::kFloat);
+    EXPECT_FALSE(RunOne(*job.rt[r], Allreduce("dtype", dtype)).ok());
+    EXPECT_FALSE(job.rt[r]->stopped());
+    at::Tensor good = at::ones({3}, at::kFloat);
+    HVD_EXPECT_OK(RunOne(*job.rt[r], Allreduce("good", good)));
+    EXPECT_TRUE(at::equal(good, at::full({3}, 3.0, at::kFloat)));
+  });
+  EXPECT_TRUE(Contains(errors[0], "bad")) << errors[0];
+  EXPECT_TRUE(Contains(errors[0], "shape")) << errors[0];
+  EXPECT_EQ(errors[0], errors[1]);
+  EXPECT_EQ(errors[0], errors[2]);
+}
+
+// The checks made before an op is queued: refused on the calling rank alone, with
+// nothing sent, so the other ranks never see the op.
+TEST(RuntimeTest, LocalChecksRefuseBeforeQueuing) {
+  Watchdog dog(60, "LocalChecksRefuseBeforeQueuing");
+  Job job;
+  HVD_ASSERT_OK(job.Start(2));
+  RunRanks(2, [&](int r) {
+    Runtime& rt = *job.rt[r];
+    std::vector<std::shared_ptr<HandleState>> h;
+    if (r == 0) {
+      Submission unknown = Allreduce("x", at::ones({2}));
+      unknown.process_set_id = 7;
+      Status st = rt.Submit({unknown}, &h);
+      EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+      EXPECT_TRUE(Contains(st.message(), "process set 7 is not registered")) << st.message();
+
+      st = rt.Submit({Allreduce("x", at::ones({2}, at::kComplexFloat))}, &h);
+      EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+      EXPECT_TRUE(Contains(st.message(), "is not supported")) << st.message();
+
+      // An allreduce writes into its output, which must be there and fit: refused
+      // here, not failed in the background thread (which stopped the engine).
+      Submission no_output = Op(OpType::kAllreduce, "x", at::ones({2}));
+      st = rt.Submit({no_output}, &h);
+      EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+      EXPECT_TRUE(Contains(st.message(), "needs an output tensor")) << st.message();
+      Submission small = Op(OpType::kBroadcast, "x", at::ones({4}));
+      small.output = at::empty({2});
+      st = rt.Submit({small}, &h);
+      EXPECT_TRUE(Contains(st.message(), "needs an output tensor")) << st.message();
+
+      // A group is all or nothing: a repeated name refuses both ops.
+      st = rt.Submit({Allreduce("twice", at::ones({2})), Allreduce("twice", at::ones({2}))}, &h);
+      EXPECT_FALSE(st.ok());
+      EXPECT_TRUE(h.empty());
+
+      Submission remove_global = Op(OpType::kRemoveProcessSet, "rm", at::Tensor());
+      remove_global.request.root = 0;
+      st = rt.Submit({remove_global}, &h);
+      EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    }
+    // A name stays taken while its handle is held, also after the op completed.
+    at::Tensor t = at::ones({2});
+    std::vector<std::shared_ptr<HandleState>> held;
+    HVD_EXPECT_OK(RunOps(rt, {Allreduce("held", t)}, &held));
+    Status again = rt.Submit({Allreduce("held", at::ones({2}))}, &h);
+    EXPECT_FALSE(again.ok());
+    EXPECT_TRUE(Contains(again.message(), "held")) << again.message();
+    held.clear();
+    for (auto& x : h) x->ReleaseName();
+    h.clear();
+    // Nothing refused above reached the other rank: the next op pairs up.
+    at::Tensor u = at::full({2}, static_cast<double>(r + 1));
+    HVD_EXPECT_OK(RunOne(rt, Allreduce("after", u)));
+    EXPECT_TRUE(at::equal(u, at::full({2}, 3.0)));
+  });
+}
+
+TEST(RuntimeTest, ProcessSetAddRunRemove) {
+  Watchdog dog(60, "ProcessSetAddRunRemove");
+  Job job;
+  HVD_ASSERT_OK(job.Start(3));
+  RunRanks(3, [&](int r) {
+    Runtime& rt = *job.rt[r];
+    Submission add = Op(OpType::kAddProcessSet, "add", at::Tensor());
+    add.request.splits = {0, 2};
+    std::shared_ptr<HandleState> h;
+    HVD_ASSERT_OK(RunOne(rt, add, &h));
+    const int id = h->output().item<int>();
+    EXPECT_GT(id, 0);
+    EXPECT_EQ(rt.process_sets().at(id), (std::vector<int>{0, 2}));
+
+    at::Tensor t = at::full({3}, static_cast<double>(r + 1));
+    Submission in_set = Allreduce("in_set", t);
+    in_set.process_set_id = id;
+    if (r == 1) {
+      std::vector<std::shared_ptr<HandleState>> none;
+      Status st = rt.Submit({in_set}, &none);
+      EXPECT_TRUE(Contains(st.message(), "is not in process set")) << st.message();
+    } else {
+      HVD_EXPECT_OK(RunOne(rt, in_set));
+      EXPECT_TRUE(at::equal(t, at::full({3}, 4.0)));  // ranks 0 and 2: 1 + 3
+    }
+    Submission remove = Op(OpType::kRemoveProcessSet, "remove", at::Tensor());
+    remove.request.root = id;
+    HVD_EXPECT_OK(RunOne(rt, remove));
+    EXPECT_EQ(rt.process_sets().count(id), 0u);
+  });
+}
+
+// A rank that has joined contributes zeros to the others' allreduces until every
+// rank joined; join returns the last rank to join.
+TEST(RuntimeTest, JoinedRankContributesZeros) {
+  Watchdog dog(60, "JoinedRankContributesZeros");
+  Job job;
+  HVD_ASSERT_OK(job.Start(3));
+  RunRanks(3, [&](int r) {
+    Runtime& rt = *job.rt[r];
+    std::shared_ptr<HandleState> h;
+    if (r == 1) {
+      HVD_EXPECT_OK(RunOne(rt, Op(OpType::kJoin, "join", at::Tensor()), &h));
+    } else {
+      for (int i = 0; i < 3; ++i) {
+        at::Tensor t = at::full({4}, static_cast<double>(r + 1));
+        HVD_EXPECT_OK(RunOne(rt, Allreduce("step" + std::to_string(i), t)));
+        EXPECT_TRUE(at::equal(t, at::full({4}, 4.0))) << t;  // 1 + 0 + 3
+      }
+      if (r == 2) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      HVD_EXPECT_OK(RunOne(rt, Op(OpType::kJoin, "join", at::Tensor()), &h));
+    }
+    ASSERT_TRUE(h && h->output().defined());
+    EXPECT_EQ(h->output().item<int>(), 2);
+  });
+}
+
+// A peer whose connections drop (its process died, as far as the others can tell)
+// fails the ops in flight on every other rank, with an error and within the I/O
+// timeout, instead of leaving them waiting; the engine then reports itself stopped.
+TEST(RuntimeTest, LostPeerFailsOpsInFlightInsteadOfHanging) {
+  Watchdog dog(60, "LostPeerFailsOpsInFlightInsteadOfHanging");
+  hvd_test::World world;
+  TcpOptions options = hvd_test::FastOptions();
+  HVD_ASSERT_OK(hvd_test::MakeWorld(3, options, &world));
+  std::vector<TcpTransport*> raw(3);
+  std::vector<std::unique_ptr<Runtime>> rt(3);
+  std::vector<Status> st(3);
+  RunRanks(3, [&](int r) {
+    raw[r] = world.transports[r].get();
+    WorldInfo w;
+    w.rank = r;
+    w.size = 3;
+    st[r] = Runtime::Create(w, TestConfig(), std::move(world.transports[r]), &rt[r]);
+  });
+  for (int r = 0; r < 3; ++r) HVD_ASSERT_OK(st[r]);
+  RunRanks(3, [&](int r) {
+    at::Tensor t = at::ones({8});
+    HVD_EXPECT_OK(RunOne(*rt[r], Allreduce("before", t)));
+  });
+  raw[2]->Abort();  // rank 2's sockets close
+  auto start = std::chrono::steady_clock::now();
+  RunRanks(2, [&](int r) {
+    at::Tensor t = at::ones({8});
+    Status s = RunOne(*rt[r], Allreduce("after", t));
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message(), "") << "rank " << r;
+    EXPECT_TRUE(rt[r]->stopped());
+    std::vector<std::shared_ptr<HandleState>> h;
+    EXPECT_FALSE(rt[r]->Submit({Allreduce("later", at::ones({1}))}, &h).ok());
+  });
+  EXPECT_LT(hvd_test::SecondsSince(start), 20.0);
+  RunRanks(3, [&](int r) { rt[r].reset(); });
+}
+
+// Shutdown with an op that only one rank submitted: the op fails with an error
+// (it can never run) and shutdown completes on every rank.
+TEST(RuntimeTest, ShutdownFailsAnOpOnlyOneRankSubmitted) {
+  Watchdog dog(60, "ShutdownFailsAnOpOnlyOneRankSubmitted");
+  Job job;
+  HVD_ASSERT_OK(job.Start(2));
+  std::vector<std::shared_ptr<HandleState>> h;
+  HVD_ASSERT_OK(job.rt[0]->Submit({Allreduce("alone", at::ones({2}))}, &h));
+  ASSERT_EQ(h.size(), 1u);
+  job.Stop();
+  ASSERT_TRUE(h[0]->Wait(0, kWait));
+  EXPECT_FALSE(h[0]->status().ok());
+}
+
+}  // namespace
+}  // namespace hvd
