@@ -264,8 +264,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                               "optimizer.skip_synchronize() context if you use "
                               "optimizer.synchronize() in your code.")
             self.synchronize()
+            if closure is not None:
+                closure = self._synchronizing(closure)
         self._synchronized = False
-        return self._local_step(closure)
+        try:
+            return self._local_step(closure)
+        finally:
+            self._synchronized = False
+
+    def _synchronizing(self, closure):
+        """`closure` followed by the reduction of the gradients its backward pass
+        started: the wrapped optimizer then steps on reduced gradients, however often
+        it evaluates the closure (LBFGS does several times per step)."""
+        def evaluate():
+            loss = closure()
+            self.synchronize()
+            return loss
+        return evaluate
 
     def _local_step(self, closure=None):
         """The wrapped optimizer's step, on gradients already reduced."""
@@ -365,6 +380,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if op not in (Average, Sum, Adasum):
         raise ValueError("DistributedOptimizer supports op=hvd.Average, hvd.Sum or hvd.Adasum")
     stage = _shard_stage(shard_optimizer_state)
+    if stage and isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("shard_optimizer_state cannot shard torch.optim.LBFGS: its state (the "
+                         "curvature history) spans all parameters at once")
     if stage and op == Adasum:
         raise ValueError("shard_optimizer_state cannot be combined with op=hvd.Adasum (each "
                          "rank steps the whole model there)")

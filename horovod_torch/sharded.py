@@ -154,19 +154,23 @@ class ShardedStateMixin:
                     p.grad = None
 
     def _local_step(self, closure=None):
+        """The closure (step() made it reduce the gradients it computes) runs once,
+        before the update, like the per-parameter optimizers' own step(closure)."""
+        loss = None
         if closure is not None:
-            raise ValueError("step(closure) is not supported with shard_optimizer_state: "
-                             "compute the loss and call backward() before step()")
+            with torch.enable_grad():
+                loss = closure()
         shard = self._shard()
         if shard is None:  # outside the process set: trains on its own, unsharded
-            return super(self.__class__, self).step()
+            super(self.__class__, self).step()
+            return loss
         hidden = {}
         for i, p in enumerate(shard.params):
             if not shard.owns(i) and p.grad is not None:
                 hidden[p] = p.grad
                 p.grad = None
         try:
-            loss = super(self.__class__, self).step()
+            super(self.__class__, self).step()
         finally:
             for p, g in hidden.items():
                 p.grad = g

@@ -338,3 +338,76 @@ def adasum_checks():
     assert all(torch.equal(all_w[0], all_w[q]) for q in range(n))
     hvd.shutdown()
     print("adasum ok", flush=True)
+
+
+def closures(shard: str = "0"):
+    """step(closure): the optimizer steps on the gradients the closure computed,
+    reduced across ranks, whether the optimizer evaluates the closure once (SGD,
+    AdamW; sharded or not) or several times per step (LBFGS, unsharded)."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    shard = int(shard)
+    per = B // n
+
+    def local(step):
+        x, y = _data(step)
+        return x[r * per:(r + 1) * per], y[r * per:(r + 1) * per]
+
+    def trainer(opt_name, stage):
+        model = _model()
+        opt = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if opt_name == "sgd"
+               else torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1))
+        return model, hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                               shard_optimizer_state=stage)
+
+    for opt_name in ("sgd", "adamw"):
+        plain, plain_opt = trainer(opt_name, 0)
+        model, opt = trainer(opt_name, shard)
+        for step in range(3):
+            x, y = local(step)
+            plain_opt.zero_grad()
+            ((plain(x) - y) ** 2).mean().backward()
+            plain_opt.step()
+
+            def closure():
+                opt.zero_grad()
+                loss = ((model(x) - y) ** 2).mean()
+                loss.backward()
+                return loss
+            loss = opt.step(closure)
+            assert torch.is_tensor(loss) and loss.requires_grad, loss
+        for p, q in zip(plain.parameters(), model.parameters()):
+            assert torch.equal(p, q), (opt_name, shard, (p - q).abs().max())
+
+    if shard:
+        expect_raises(ValueError, lambda: hvd.DistributedOptimizer(
+            torch.optim.LBFGS(_model().parameters()), shard_optimizer_state=shard), "LBFGS")
+    else:
+        # LBFGS evaluates the closure several times a step and decides on the loss:
+        # the closure returns the loss averaged over the ranks, as with DDP.
+        model = _model()
+        opt = hvd.DistributedOptimizer(torch.optim.LBFGS(model.parameters(), max_iter=5),
+                                       named_parameters=model.named_parameters())
+        ref = _model()
+        ref_opt = torch.optim.LBFGS(ref.parameters(), max_iter=5)
+        for step in range(3):
+            x, y = local(step)
+
+            def closure():
+                opt.zero_grad()
+                loss = ((model(x) - y) ** 2).mean()
+                loss.backward()
+                return hvd.allreduce(loss.detach(), name="lbfgs.loss")
+
+            def ref_closure():  # one process, the whole batch
+                ref_opt.zero_grad()
+                loss = ((ref(_data(step)[0]) - _data(step)[1]) ** 2).mean()
+                loss.backward()
+                return loss
+            opt.step(closure)
+            ref_opt.step(ref_closure)
+        for p, q in zip(model.parameters(), ref.parameters()):
+            same = hvd.allgather(p.detach().reshape(1, -1), name="lbfgs.params")
+            assert all(torch.equal(same[0], row) for row in same), "ranks diverged"
+            torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    hvd.shutdown()

@@ -54,6 +54,11 @@ def test_a_pass_too_many_raises_on_either_hook_path(native):
     assert all("extra pass ok" in r.output for r in results)
 
 
+@pytest.mark.parametrize("shard", ["0", "1", "2"])
+def test_step_with_a_closure_steps_on_reduced_gradients(shard):
+    run_workers("tests.optimizer_workers:closures", 2, args=[shard], timeout=90)
+
+
 def test_optimizer_behaviours():
     run_workers("tests.optimizer_workers:behaviours", 2, timeout=90)
 
