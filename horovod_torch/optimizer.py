@@ -375,7 +375,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
 
     ``shard_optimizer_state=True`` (or 1) keeps each parameter's optimizer state on
     one rank only (about 1/N of it per rank, see horovod_torch/sharded.py); ``2``
-    also drops, after the reduction, the gradients of parameters another rank owns.
+    also frees, in step(), the gradients of parameters another rank owns.
     """
     if op not in (Average, Sum, Adasum):
         raise ValueError("DistributedOptimizer supports op=hvd.Average, hvd.Sum or hvd.Adasum")

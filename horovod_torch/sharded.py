@@ -6,8 +6,10 @@ as in the unsharded optimizer (the same hooks, fusion, compression and
 backward_passes_per_step), every rank steps the user's own optimizer on the
 parameters it owns (the others' gradients are hidden from it, so it creates no state
 for them), and one grouped allgather then brings every rank the updated parameters
-of the others. Stage 2 (``shard_optimizer_state=2``) also drops the gradients of
-parameters a rank does not own once they are reduced.
+of the others. Stage 2 (``shard_optimizer_state=2``) also frees, in step(), the
+gradients of parameters a rank does not own. Until then every rank holds every
+reduced gradient, so GradScaler's overflow check, gradient clipping and synchronize()
+see what they see unsharded, and every rank takes the same decision.
 
 The math is the unsharded optimizer's, parameter by parameter: any per-parameter
 torch.optim optimizer gives the same parameters as unsharded training (bitwise:
@@ -142,17 +144,6 @@ class ShardedStateMixin:
 
     # -- stepping ------------------------------------------------------------
 
-    def synchronize(self) -> None:
-        """Waits for every gradient's reduction and writes the results into .grad
-        (stage 2: then drops the gradients of parameters other ranks own)."""
-        from horovod_torch.optimizer import _DistributedOptimizer
-        _DistributedOptimizer.synchronize(self)
-        shard = self._shard()
-        if self._stage >= 2 and shard is not None:
-            for i, p in enumerate(shard.params):
-                if not shard.owns(i):
-                    p.grad = None
-
     def _local_step(self, closure=None):
         """The closure (step() made it reduce the gradients it computes) runs once,
         before the update, like the per-parameter optimizers' own step(closure)."""
@@ -172,41 +163,19 @@ class ShardedStateMixin:
         try:
             super(self.__class__, self).step()
         finally:
-            for p, g in hidden.items():
-                p.grad = g
+            if self._stage < 2:
+                for p, g in hidden.items():
+                    p.grad = g
         shard.gather_parameters(self._process_set)
         self._consolidated = None
         self._loaded_full = None
         return loss
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """torch.nn.utils.clip_grad_norm_ over all of the optimizer's parameters; with
-        stage 2 (where each rank holds only its own gradients after synchronize())
-        the norm is combined across ranks. Returns the total norm."""
-        shard = self._shard()
-        if self._stage < 2 or shard is None or shard.size == 1:
-            return torch.nn.utils.clip_grad_norm_(self._all_params(), max_norm, norm_type)
-        from horovod_torch.ops import allreduce
-        grads = [p.grad for i, p in enumerate(shard.params) if shard.owns(i) and p.grad is not None]
-        device = shard.params[0].device
-        norm_type = float(norm_type)
-        if grads:
-            local = torch.linalg.vector_norm(
-                torch.stack([torch.linalg.vector_norm(g.detach(), norm_type) for g in grads]),
-                norm_type).to(torch.float64)
-        else:
-            local = torch.zeros((), dtype=torch.float64, device=device)
-        if norm_type == float("inf"):
-            total = allreduce(local.reshape(1), op=basics.Max, name="sharded.grad_norm",
-                              process_set=self._process_set)[0]
-        else:
-            total = allreduce((local ** norm_type).reshape(1), op=basics.Sum,
-                              name="sharded.grad_norm",
-                              process_set=self._process_set)[0] ** (1.0 / norm_type)
-        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        if grads:
-            torch._foreach_mul_(grads, coef.to(grads[0].dtype))
-        return total.to(grads[0].dtype if grads else torch.float32)
+        """torch.nn.utils.clip_grad_norm_ over all of the optimizer's parameters (every
+        rank holds every reduced gradient until step(), stage 2 included). Returns the
+        total norm."""
+        return torch.nn.utils.clip_grad_norm_(self._all_params(), max_norm, norm_type)
 
     # -- state dicts ---------------------------------------------------------
 

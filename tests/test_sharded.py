@@ -28,6 +28,11 @@ def test_sharded_state_dicts(size):
     run_workers("tests.sharded_workers:state_dicts", size, timeout=120)
 
 
+@pytest.mark.parametrize("stage", ["1", "2"])
+def test_a_gradient_overflow_skips_the_step_on_every_rank(stage):
+    run_workers("tests.sharded_workers:amp_overflow", 2, args=[stage], timeout=90)
+
+
 def test_sharded_errors():
     run_workers("tests.sharded_workers:errors", 2, timeout=60)
 
