@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <numeric>
@@ -252,8 +253,6 @@ TEST(RuntimeTest, LocalChecksRefuseBeforeQueuing) {
     EXPECT_FALSE(again.ok());
     EXPECT_TRUE(Contains(again.message(), "held")) << again.message();
     held.clear();
-    for (auto& x : h) x->ReleaseName();
-    h.clear();
     // Nothing refused above reached the other rank: the next op pairs up.
     at::Tensor u = at::full({2}, static_cast<double>(r + 1));
     HVD_EXPECT_OK(RunOne(rt, Allreduce("after", u)));
@@ -299,22 +298,33 @@ TEST(RuntimeTest, JoinedRankContributesZeros) {
   Watchdog dog(60, "JoinedRankContributesZeros");
   Job job;
   HVD_ASSERT_OK(job.Start(3));
+  std::atomic<bool> rank0_joined{false};
   RunRanks(3, [&](int r) {
     Runtime& rt = *job.rt[r];
-    std::shared_ptr<HandleState> h;
+    std::vector<std::shared_ptr<HandleState>> h;
     if (r == 1) {
-      HVD_EXPECT_OK(RunOne(rt, Op(OpType::kJoin, "join", at::Tensor()), &h));
+      HVD_EXPECT_OK(RunOps(rt, {Op(OpType::kJoin, "join", at::Tensor())}, &h));
     } else {
       for (int i = 0; i < 3; ++i) {
         at::Tensor t = at::full({4}, static_cast<double>(r + 1));
         HVD_EXPECT_OK(RunOne(rt, Allreduce("step" + std::to_string(i), t)));
         EXPECT_TRUE(at::equal(t, at::full({4}, 4.0))) << t;  // 1 + 0 + 3
       }
-      if (r == 2) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      HVD_EXPECT_OK(RunOne(rt, Op(OpType::kJoin, "join", at::Tensor()), &h));
+      if (r == 0) {
+        HVD_EXPECT_OK(rt.Submit({Op(OpType::kJoin, "join", at::Tensor())}, &h));
+        rank0_joined = true;
+      } else {  // rank 2 joins last, well after rank 0's join was sent
+        while (!rank0_joined) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        HVD_EXPECT_OK(rt.Submit({Op(OpType::kJoin, "join", at::Tensor())}, &h));
+      }
+      ASSERT_EQ(h.size(), 1u);
+      ASSERT_TRUE(h[0]->Wait(0, kWait));
+      HVD_EXPECT_OK(h[0]->status());
     }
-    ASSERT_TRUE(h && h->output().defined());
-    EXPECT_EQ(h->output().item<int>(), 2);
+    ASSERT_EQ(h.size(), 1u);
+    ASSERT_TRUE(h[0]->output().defined());
+    EXPECT_EQ(h[0]->output().item<int>(), 2);
   });
 }
 
