@@ -145,6 +145,94 @@ TEST(RuntimeTest, AllreduceSumAndAverageOnThreeRanks) {
   });
 }
 
+// The other collectives, each with what sets it apart: allgather of different
+// first dimensions, broadcast from the last rank, alltoall with splits, an uneven
+// reduce-scatter with both scale factors.
+TEST(RuntimeTest, AllgatherBroadcastAlltoallReducescatter) {
+  Watchdog dog(60, "AllgatherBroadcastAlltoallReducescatter");
+  Job job;
+  HVD_ASSERT_OK(job.Start(3));
+  RunRanks(3, [&](int r) {
+    Runtime& rt = *job.rt[r];
+    std::shared_ptr<HandleState> h;
+
+    HVD_EXPECT_OK(RunOne(rt, Op(OpType::kAllgather, "gather", at::full({r + 1, 2}, r)), &h));
+    at::Tensor want = at::cat({at::full({1, 2}, 0), at::full({2, 2}, 1), at::full({3, 2}, 2)});
+    EXPECT_TRUE(at::equal(h->output(), want)) << h->output();
+
+    at::Tensor b = at::full({4}, static_cast<double>(10 * r), at::kInt);
+    Submission bcast = Op(OpType::kBroadcast, "bcast", b);
+    bcast.output = b;
+    bcast.request.root = 2;
+    HVD_EXPECT_OK(RunOne(rt, bcast));
+    EXPECT_TRUE(at::equal(b, at::full({4}, 20, at::kInt))) << b;
+
+    // Row p of rank r's input goes to rank p; it holds 10 * r + p.
+    at::Tensor send = at::arange(3, at::kFloat) + 10.0 * r;
+    Submission a2a = Op(OpType::kAlltoall, "a2a", send);
+    a2a.request.splits = {1, 1, 1};
+    HVD_EXPECT_OK(RunOne(rt, a2a, &h));
+    EXPECT_TRUE(at::equal(h->output(), at::arange(3, at::kFloat) * 10.0 + r)) << h->output();
+    EXPECT_TRUE(at::equal(h->splits(), at::ones({3}, at::kInt))) << h->splits();
+
+    // 5 rows over 3 ranks: 2, 2, 1. Average of r + 1 is 2; times 2, then 0.5.
+    Submission rs = Op(OpType::kReducescatter, "rs", at::full({5, 3}, r + 1.0), ReduceOp::kAverage);
+    rs.request.prescale = 2.0;
+    rs.request.postscale = 0.5;
+    HVD_EXPECT_OK(RunOne(rt, rs, &h));
+    EXPECT_TRUE(at::equal(h->output(), at::full({r < 2 ? 2 : 1, 3}, 2.0))) << h->output();
+
+    // Empty parts: 2 rows over 3 ranks leaves rank 2 none; rank 1 gathers no rows;
+    // rank 0 sends nothing to rank 2.
+    HVD_EXPECT_OK(RunOne(rt, Op(OpType::kReducescatter, "rs0", at::full({2, 3}, 1.0)), &h));
+    EXPECT_TRUE(at::equal(h->output(), at::full({r < 2 ? 1 : 0, 3}, 3.0))) << h->output();
+    HVD_EXPECT_OK(
+        RunOne(rt, Op(OpType::kAllgather, "gather0", at::full({r == 1 ? 0 : 1, 2}, r)), &h));
+    EXPECT_TRUE(at::equal(h->output(), at::cat({at::full({1, 2}, 0), at::full({1, 2}, 2)})))
+        << h->output();
+    Submission a2a0 = Op(OpType::kAlltoall, "a2a0", at::full({2}, r, at::kLong));
+    a2a0.request.splits = r == 0 ? std::vector<int64_t>{1, 1, 0} : std::vector<int64_t>{1, 0, 1};
+    HVD_EXPECT_OK(RunOne(rt, a2a0, &h));
+    // rank 0 gets a row from everyone; rank 1 from rank 0; rank 2 from ranks 1 and 2
+    at::Tensor want0 = r == 0   ? at::tensor({0, 1, 2}, at::kLong)
+                       : r == 1 ? at::tensor({0}, at::kLong)
+                                : at::tensor({1, 2}, at::kLong);
+    EXPECT_TRUE(at::equal(h->output(), want0)) << "rank " << r << ": " << h->output();
+
+    // Splits that do not add up are refused on the calling rank.
+    std::vector<std::shared_ptr<HandleState>> none;
+    Submission bad = Op(OpType::kAlltoall, "bad", at::ones({3}));
+    bad.request.splits = {1, 1, 2};
+    Status st = rt.Submit({bad}, &none);
+    EXPECT_TRUE(Contains(st.message(), "splits sum to 4")) << st.message();
+  });
+}
+
+// A group is negotiated as one, but a member that does not match fails alone, on
+// every rank; the group's other member runs.
+TEST(RuntimeTest, GroupMemberMismatchFailsThatMemberOnly) {
+  Watchdog dog(60, "GroupMemberMismatchFailsThatMemberOnly");
+  Job job;
+  HVD_ASSERT_OK(job.Start(3));
+  RunRanks(3, [&](int r) {
+    at::Tensor a = at::ones({3});
+    at::Tensor b = at::ones({r == 1 ? 4 : 3});
+    std::vector<Submission> group = {Allreduce("g.a", a), Allreduce("g.b", b)};
+    for (auto& s : group) {
+      s.request.group_id = 42;
+      s.request.group_size = 2;
+    }
+    std::vector<std::shared_ptr<HandleState>> h;
+    HVD_ASSERT_OK(job.rt[r]->Submit(group, &h));
+    ASSERT_EQ(h.size(), 2u);
+    for (auto& x : h) ASSERT_TRUE(x->Wait(0, kWait)) << x->name();
+    HVD_EXPECT_OK(h[0]->status());
+    EXPECT_TRUE(at::equal(a, at::full({3}, 3.0)));
+    EXPECT_FALSE(h[1]->status().ok());
+    EXPECT_TRUE(Contains(h[1]->status().message(), "g.b")) << h[1]->status().message();
+  });
+}
+
 // Many ops submitted in a different order on every rank, some fused into one
 // batch and some not (a 1 KB fusion threshold): every result exact.
 TEST(RuntimeTest, ManyOpsInAnyOrderFusedOrNotAreExact) {
