@@ -601,14 +601,24 @@ def _check_reducescatter_op(op) -> None:
 
 
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
-                        prescale_factor=1.0, postscale_factor=1.0) -> int:
+                        prescale_factor=1.0, postscale_factor=1.0, splits=None) -> int:
     """Starts a reduce-scatter: rank r gets rows [r*k, ...) of the reduction, where the
-    first (dim0 % size) ranks get one extra row."""
+    first (dim0 % size) ranks get one extra row. With ``splits`` (one row count per
+    rank, summing to dim 0, the same on every rank) rank r gets the splits[r] rows
+    after the first r ranks' instead."""
     psid = _ps_id(process_set)
     _check_reducescatter_op(op)
     return _submit(_C.OP_REDUCESCATTER, [_contig(tensor)], [None],
                    [_auto_name("reducescatter", name, psid)], op, prescale=prescale_factor,
-                   postscale=postscale_factor, psid=psid)[0]
+                   postscale=postscale_factor, splits=_split_list(splits), psid=psid)[0]
+
+
+def _split_list(splits) -> Optional[List[int]]:
+    if splits is None:
+        return None
+    if isinstance(splits, torch.Tensor):
+        splits = splits.tolist()
+    return [int(x) for x in splits]
 
 
 def _reducescatter_grads(grads, op, process_set, prescale_factor, postscale_factor):
@@ -626,25 +636,27 @@ class HorovodReducescatter(torch.autograd.Function):
     """Reduce-scatter whose gradient is the allgather of the output gradient."""
 
     @staticmethod
-    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
+    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor, splits):
         ctx.args = (op, process_set, prescale_factor, postscale_factor)
         return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
-                                               postscale_factor))
+                                               postscale_factor, splits))
 
     @staticmethod
     def backward(ctx, grad_output):
         return (_reducescatter_grads([grad_output], *ctx.args)[0],
-                None, None, None, None, None)
+                None, None, None, None, None, None)
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
                   process_set=global_process_set, prescale_factor=1.0,
-                  postscale_factor=1.0) -> torch.Tensor:
+                  postscale_factor=1.0, splits=None) -> torch.Tensor:
+    """The reduction of ``tensor`` over the process set, cut along dim 0: this rank's
+    rows (see reducescatter_async, and its ``splits``)."""
     _ps_id(process_set)
     _check_reducescatter_op(op)
     compressed, cctx = compression.compress(tensor)
     out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor,
-                                     postscale_factor)
+                                     postscale_factor, _split_list(splits))
     return compression.decompress(out, cctx)
 
 

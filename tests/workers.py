@@ -131,6 +131,21 @@ def all_collectives(seed: str = "0", device: str = "cpu") -> None:
                 per = [rs_shape[0] // n + (1 if q < rs_shape[0] % n else 0) for q in range(n)]
                 start = sum(per[:r])
                 close(got, full[start:start + per[r]], f"reducescatter {dtype} op={op}")
+            # reducescatter with splits (rank 0 keeps none), and several in flight at
+            # once, which the engine fuses into one collective
+            splits = [2 * q + (1 if q == n - 1 else 0) for q in range(n)]
+            start = sum(splits[:r])
+            sin = [[make(q, (sum(splits),) + shape[1:], dtype, seed + case + 11 + k)
+                    for q in range(n)] for k in range(3)]
+            got = hvd.reducescatter(sin[0][r], name=f"rss.{case}", op=hvd.Sum, splits=splits)
+            close(got, reference_reduce(sin[0], hvd.Sum, dtype)[start:start + splits[r]],
+                  f"reducescatter splits {dtype}")
+            handles = [hvd.reducescatter_async(sin[k][r], name=f"rsf.{case}.{k}", op=hvd.Sum,
+                                               splits=splits) for k in range(3)]
+            for k, h in enumerate(handles):
+                close(hvd.synchronize(h),
+                      reference_reduce(sin[k], hvd.Sum, dtype)[start:start + splits[r]],
+                      f"reducescatter splits, fused, {dtype}")
     # bool where it makes sense
     b = [make(q, (7,), torch.bool, seed) for q in range(n)]
     close(hvd.allreduce(b[r], op=hvd.Max, name="bool.max"), torch.stack(b).any(0), "bool max")
@@ -181,6 +196,14 @@ def mismatches() -> None:
     expect_raises(RuntimeError,
                   lambda: hvd.allgather(torch.ones(2, 1 + r), name="ag_x"),
                   "ag_x", "all but the first dimension")
+    # reducescatter splits that differ between ranks, or given on one rank only
+    mine = [4] + [0] * (n - 1) if r == 0 else [0] * (n - 1) + [4]
+    expect_raises(RuntimeError, lambda: hvd.reducescatter(torch.ones(4), name="rs_x",
+                                                          splits=mine),
+                  "rs_x", "splits", f"rank 0 has [4")
+    expect_raises(RuntimeError, lambda: hvd.reducescatter(
+        torch.ones(4), name="rs_y", splits=[4] + [0] * (n - 1) if r == 0 else None),
+        "rs_y", "splits", "rank 1 has none")
     if r == 0:
         f = lambda: hvd.allreduce(torch.ones(3), name="kind_x")
     else:
@@ -237,6 +260,12 @@ def local_errors() -> None:
                   "splits")
     expect_raises(ValueError, lambda: hvd.alltoall(torch.ones(5), splits=[5] + [1] * (n - 1)),
                   "sum")
+    expect_raises(ValueError, lambda: hvd.reducescatter(torch.ones(5), splits=[1] * (n + 1)),
+                  "reducescatter", "splits has")
+    expect_raises(ValueError, lambda: hvd.reducescatter(torch.ones(5), splits=[6] + [0] * (n - 1)),
+                  "reducescatter", "sum to 6")
+    expect_raises(ValueError, lambda: hvd.reducescatter(torch.ones(5), splits=[-1] + [6] * (n - 1)),
+                  "reducescatter", ">= 0")
     expect_raises(ValueError, lambda: hvd.allreduce(torch.ones(2, dtype=torch.bool)),
                   "bool")
     expect_raises(ValueError, lambda: hvd.allgather(torch.tensor(1.0)), "dimension")

@@ -217,8 +217,9 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
   // Full requests: record, and find names every rank has now submitted.
   for (int r = 0; r < size; ++r) {
     for (const auto& req : lists[r].requests) {
-      if (req.rank != r ||
-          (req.type == OpType::kAlltoall && static_cast<int>(req.splits.size()) != size)) {
+      if (req.rank != r || ((req.type == OpType::kAlltoall ||
+                             (req.type == OpType::kReducescatter && !req.splits.empty())) &&
+                            static_cast<int>(req.splits.size()) != size)) {
         *ok = false;
         *error = "rank " + std::to_string(r) + " sent a malformed request for '" + req.name +
                  "' (a different build or a corrupted connection)";
@@ -510,6 +511,16 @@ Response Controller::Match(const std::vector<Request>& reqs, int size) {
     case OpType::kReducescatter:
       for (const auto& r : reqs) {
         if (r.shape != a.shape) return fail("tensor shapes", Disagreement(reqs, shapes));
+      }
+      if (a.type == OpType::kReducescatter) {
+        for (const auto& r : reqs) {
+          if (r.splits != a.splits) {
+            return fail("splits", Disagreement(reqs, [](const Request& q) {
+                          return q.splits.empty() ? std::string("none") : ShapeStr(q.splits);
+                        }));
+          }
+        }
+        resp.rank_rows = a.splits;
       }
       break;
     case OpType::kAllgather:

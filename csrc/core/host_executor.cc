@@ -1,11 +1,12 @@
 // The host executor (host_executor.h): CPU ops of one fused batch over the
-// transport. Allreduce goes through the fusion buffer; the other collectives run
-// one at a time.
+// transport. Allreduce and reduce-scatter go through the fusion buffer; the other
+// collectives run one at a time.
 #include "core/host_executor.h"
 
 #include <cstring>
 
 #include "common/check.h"
+#include "core/fusion.h"
 
 namespace hvd {
 namespace {
@@ -31,6 +32,7 @@ Status HostExecutor::Execute(const std::vector<Response>& batch, std::vector<Ent
                              size_t /*fusion_bytes*/) {
   const Response& r = batch[0];
   if (r.type == OpType::kAllreduce) return Allreduce(batch, entries);
+  if (r.type == OpType::kReducescatter) return Reducescatter(batch, entries);
   TraceBatch(timeline_, batch, std::string(transport_->name()) + "_" + OpTypeName(r.type));
   return RunOne(r, entries[0]);
 }
@@ -76,6 +78,43 @@ Status HostExecutor::Allreduce(const std::vector<Response>& batch, std::vector<E
   return Status::Ok();
 }
 
+// One reduce-scatter for the batch: each input's part for rank p is packed next to
+// the other inputs' parts for p (PlanReducescatter), so one collective gives this
+// rank its part of every input, which is then cut into the entries' outputs.
+Status HostExecutor::Reducescatter(const std::vector<Response>& batch,
+                                   std::vector<Entry>& entries) {
+  const Response& r = batch[0];
+  const int size = transport_->size(), me = transport_->rank();
+  const size_t esize = DataTypeSize(r.dtype);
+  const ScatterLayout l = PlanReducescatter(batch, size);
+  const size_t in_bytes = static_cast<size_t>(l.total) * esize;
+  char* buf = Buffer(in_bytes + l.counts[me] * esize);
+  char* out = buf + in_bytes;
+  if (entries.size() > 1) TraceBatch(timeline_, batch, "MEMCPY_IN_FUSION_BUFFER");
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const char* in = static_cast<const char*>(entries[i].sub.input.data_ptr());
+    for (int p = 0; p < size; ++p) {
+      std::memcpy(buf + l.dst_offset[i][p] * esize, in + l.src_offset[i][p] * esize,
+                  static_cast<size_t>(l.elems[i][p]) * esize);
+    }
+  }
+  const FoldedReduction f = FoldAverage(r.op, r.prescale, r.postscale, size);
+  ScaleBuffer(buf, static_cast<size_t>(l.total), r.dtype, f.pre);
+  TraceBatch(timeline_, batch, std::string(transport_->name()) + "_REDUCESCATTER");
+  HVD_RETURN_IF_ERROR(transport_->Reducescatter(buf, l.counts, r.dtype, f.op, out));
+  ScaleBuffer(out, l.counts[me], r.dtype, f.post);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    Entry& e = entries[i];
+    std::vector<int64_t> shape = batch[i].shape;
+    shape[0] = ReducescatterRows(batch[i], size)[me];
+    at::Tensor o = at::empty(shape, e.sub.input.options());
+    std::memcpy(o.data_ptr(), out + (l.dst_offset[i][me] - l.dst_offset[0][me]) * esize,
+                static_cast<size_t>(l.elems[i][me]) * esize);
+    e.handle->Complete(Status::Ok(), o);
+  }
+  return Status::Ok();
+}
+
 Status HostExecutor::RunOne(const Response& r, Entry& e) {
   Communicator* transport = transport_;
   const int size = transport->size(), me = transport->rank();
@@ -83,6 +122,7 @@ Status HostExecutor::RunOne(const Response& r, Entry& e) {
   const size_t esize = DataTypeSize(r.dtype);
   switch (r.type) {
     case OpType::kAllreduce:
+    case OpType::kReducescatter:
     case OpType::kBarrier:
     case OpType::kJoin:
     case OpType::kAddProcessSet:
@@ -128,24 +168,6 @@ Status HostExecutor::RunOne(const Response& r, Entry& e) {
       at::Tensor out = at::empty(shape, in.options());
       HVD_RETURN_IF_ERROR(transport->Alltoallv(in.data_ptr(), send, out.data_ptr(), recv));
       e.handle->Complete(Status::Ok(), out, splits);
-      return Status::Ok();
-    }
-    case OpType::kReducescatter: {
-      const int64_t dim0 = r.shape[0], row = RowElems(r.shape);
-      std::vector<size_t> counts(size);
-      for (int p = 0; p < size; ++p) {
-        counts[p] = static_cast<size_t>((dim0 / size + (p < dim0 % size ? 1 : 0)) * row);
-      }
-      std::vector<int64_t> shape = r.shape;
-      shape[0] = dim0 / size + (me < dim0 % size ? 1 : 0);
-      at::Tensor out = at::empty(shape, in.options());
-      char* buf = Buffer(Bytes(in));
-      std::memcpy(buf, in.data_ptr(), Bytes(in));
-      const FoldedReduction f = FoldAverage(r.op, r.prescale, r.postscale, size);
-      ScaleBuffer(buf, static_cast<size_t>(in.numel()), r.dtype, f.pre);
-      HVD_RETURN_IF_ERROR(transport->Reducescatter(buf, counts, r.dtype, f.op, out.data_ptr()));
-      ScaleBuffer(out.data_ptr(), static_cast<size_t>(out.numel()), r.dtype, f.post);
-      e.handle->Complete(Status::Ok(), out);
       return Status::Ok();
     }
   }

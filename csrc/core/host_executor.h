@@ -1,6 +1,6 @@
 // The host executor: a fused batch of CPU ops run over one communicator (the TCP
-// mesh, shared memory or MPI). Allreduces are packed into the fusion buffer,
-// reduced once and unpacked; the other collectives run one at a time.
+// mesh, shared memory or MPI). Allreduces and reduce-scatters are packed into the
+// fusion buffer, reduced once and unpacked; the other collectives run one at a time.
 //
 // Threading: the Runtime's background thread only.
 #pragma once
@@ -24,6 +24,7 @@ class HostExecutor : public Executor {
 
  private:
   Status Allreduce(const std::vector<Response>& batch, std::vector<Entry>& entries);
+  Status Reducescatter(const std::vector<Response>& batch, std::vector<Entry>& entries);
   Status RunOne(const Response& r, Entry& e);
   char* Buffer(size_t bytes);
 

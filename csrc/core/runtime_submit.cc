@@ -155,20 +155,24 @@ Status Runtime::CheckLocal(const Submission& s, const std::vector<int>* set_rank
     return Status::InvalidArgument(std::string(op) + " of '" + r.name +
                                    "': needs a tensor with at least one dimension");
   }
-  if (r.type == OpType::kAlltoall) {
+  // Alltoall's splits are the rows sent to each rank; a reduce-scatter's (optional)
+  // the rows of the result each rank keeps.
+  if (r.type == OpType::kAlltoall || (r.type == OpType::kReducescatter && !r.splits.empty())) {
     if (static_cast<int>(r.splits.size()) != set_size) {
-      return Status::InvalidArgument("alltoall of '" + r.name + "': splits has " +
+      return Status::InvalidArgument(std::string(op) + " of '" + r.name + "': splits has " +
                                      std::to_string(r.splits.size()) + " entries, but there are " +
                                      std::to_string(set_size) + " ranks; give one count per rank");
     }
     int64_t sum = 0;
     for (int64_t x : r.splits) {
-      if (x < 0)
-        return Status::InvalidArgument("alltoall of '" + r.name + "': splits must be >= 0");
+      if (x < 0) {
+        return Status::InvalidArgument(std::string(op) + " of '" + r.name +
+                                       "': splits must be >= 0");
+      }
       sum += x;
     }
     if (sum != s.input.size(0)) {
-      return Status::InvalidArgument("alltoall of '" + r.name + "': splits sum to " +
+      return Status::InvalidArgument(std::string(op) + " of '" + r.name + "': splits sum to " +
                                      std::to_string(sum) + " but the first dimension is " +
                                      std::to_string(s.input.size(0)));
     }

@@ -4,10 +4,13 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <numeric>
 #include <unordered_map>
+
+#include "core/fusion.h"
 
 namespace hvd {
 namespace {
@@ -346,7 +349,7 @@ Status NcclBackend::Execute(const std::vector<Response>& batch, std::vector<Entr
       HVD_RETURN_IF_ERROR(Alltoall(*d, r, entries[0], &outs[0], &splits));
       break;
     case OpType::kReducescatter:
-      HVD_RETURN_IF_ERROR(Reducescatter(*d, r, entries[0], &outs[0]));
+      HVD_RETURN_IF_ERROR(Reducescatter(*d, batch, entries, &outs));
       break;
     case OpType::kBarrier:
     case OpType::kJoin:
@@ -497,50 +500,71 @@ Status NcclBackend::Alltoall(Device& d, const Response& r, Entry& e, at::Tensor*
   return Status::Ok();
 }
 
-Status NcclBackend::Reducescatter(Device& d, const Response& r, Entry& e, at::Tensor* out) {
-  const at::Tensor& in = e.sub.input;
-  const int64_t dim0 = in.size(0);
-  std::vector<int64_t> rows(size_);
-  for (int p = 0; p < size_; ++p) rows[p] = dim0 / size_ + (p < dim0 % size_ ? 1 : 0);
-  std::vector<int64_t> shape(in.sizes().begin(), in.sizes().end());
-  shape[0] = rows[rank_];
-  *out = at::empty(shape, in.options());
-  at::Tensor work = Reducible(in);
-  FoldedOp fop(r, in.scalar_type(), d.comm, size_);
+// One reduce-scatter for the batch: the inputs' parts for each rank are packed
+// together (PlanReducescatter; one cat kernel), reduced once, and each entry's
+// output is a view of this rank's part.
+Status NcclBackend::Reducescatter(Device& d, const std::vector<Response>& batch,
+                                  std::vector<Entry>& entries, std::vector<at::Tensor>* outs) {
+  const Response& r = batch[0];
+  const ScatterLayout l = PlanReducescatter(batch, size_);
+  const at::Tensor& in0 = entries[0].sub.input;
+  at::Tensor fused;
+  if (entries.size() == 1) {
+    fused = in0.view(-1);
+  } else {
+    std::vector<at::Tensor> pieces;
+    for (int p = 0; p < size_; ++p) {
+      for (size_t i = 0; i < entries.size(); ++i) {
+        if (l.elems[i][p] == 0) continue;
+        pieces.push_back(
+            entries[i].sub.input.view(-1).narrow(0, l.src_offset[i][p], l.elems[i][p]));
+      }
+    }
+    fused = at::empty({l.total}, in0.options());
+    if (!pieces.empty()) at::cat_out(fused, pieces, 0);
+  }
+  at::Tensor work = Reducible(fused);
+  FoldedOp fop(r, fused.scalar_type(), d.comm, size_);
   HVD_RETURN_IF_ERROR(fop.status());
   if (fop.pre() != 1.0) {
-    work = work.is_same(in) || work.data_ptr() == in.data_ptr() ? work.clone() : work;
+    if (work.data_ptr() == in0.data_ptr()) work = work.clone();
     Scale(work, fop.pre());
   }
-  at::Tensor out_work = Reducible(*out);
-  if (out_work.data_ptr() == out->data_ptr() && out->scalar_type() == at::kShort) {
-    out_work = at::empty(shape, in.options().dtype(at::kInt));
-  }
-  const int64_t elems_per_row = in.numel() / std::max<int64_t>(1, dim0);
+  at::Tensor out_work = at::empty({static_cast<int64_t>(l.counts[rank_])}, work.options());
   const size_t esize = work.element_size();
   const ncclDataType_t dt = NcclType(work.scalar_type());
-  const ncclRedOp_t op = fop.op();
-  bool even = dim0 % size_ == 0;
-  if (even) {
-    HVD_NCCL(ncclReduceScatter(work.data_ptr(), out_work.data_ptr(), rows[0] * elems_per_row, dt,
-                               op, d.comm, *d.stream),
+  const bool even =
+      std::all_of(l.counts.begin(), l.counts.end(), [&](size_t c) { return c == l.counts[0]; });
+  if (l.total == 0) {
+    // nothing to reduce
+  } else if (even) {
+    HVD_NCCL(ncclReduceScatter(work.data_ptr(), out_work.data_ptr(), l.counts[0], dt, fop.op(),
+                               d.comm, *d.stream),
              d.comm);
   } else {
-    // Uneven split: one reduce per segment, rooted at the rank that keeps it.
+    // Uneven parts: one reduce per part, rooted at the rank that keeps it.
     HVD_NCCL(ncclGroupStart(), d.comm);
-    int64_t off = 0;
+    size_t off = 0;
     for (int p = 0; p < size_; ++p) {
-      int64_t n = rows[p] * elems_per_row;
-      if (n > 0) {
-        ncclReduce(static_cast<char*>(work.data_ptr()) + off * esize, out_work.data_ptr(), n, dt,
-                   op, p, d.comm, *d.stream);
+      if (l.counts[p] > 0) {
+        ncclReduce(static_cast<char*>(work.data_ptr()) + off * esize, out_work.data_ptr(),
+                   l.counts[p], dt, fop.op(), p, d.comm, *d.stream);
       }
-      off += n;
+      off += l.counts[p];
     }
     HVD_NCCL(ncclGroupEnd(), d.comm);
   }
   Scale(out_work, fop.post());
-  if (out_work.data_ptr() != out->data_ptr()) out->copy_(out_work);
+  at::Tensor out = out_work;
+  if (out.scalar_type() != fused.scalar_type()) {
+    out = fused.scalar_type() == at::kBool ? out.view(at::kBool) : out.to(fused.scalar_type());
+  }
+  for (size_t i = 0; i < entries.size(); ++i) {
+    std::vector<int64_t> shape = batch[i].shape;
+    shape[0] = ReducescatterRows(batch[i], size_)[rank_];
+    (*outs)[i] = out.narrow(0, l.dst_offset[i][rank_] - l.dst_offset[0][rank_], l.elems[i][rank_])
+                     .view(shape);
+  }
   return Status::Ok();
 }
 

@@ -8,7 +8,9 @@
 // - Fusion buffer on the device, allocated through PyTorch's caching allocator
 //   with the fusion threshold in use (autotune's, when it runs) or the batch's
 //   size if larger, and again only when a batch outgrows it; packing is one cat kernel,
-//   unpacking one multi-tensor copy. For floating types the prescale and a plain
+//   unpacking one multi-tensor copy. A fused reduce-scatter packs into a fresh
+//   buffer of the caching allocator (its parts are regrouped by rank), and its
+//   outputs are views of this rank's part. For floating types the prescale and a plain
 //   Average are folded into NCCL's reduction (a pre-multiplied sum, ncclAvg); a
 //   postscale, and other types' factors, are one kernel over the fused buffer.
 // - Completion: a done event recorded after the op completes the handle at once;
@@ -59,7 +61,8 @@ class NcclBackend : public GpuBackend {
   Status Allgather(Device& d, const Response& r, Entry& e, at::Tensor* out);
   Status Broadcast(Device& d, const Response& r, Entry& e, at::Tensor* out);
   Status Alltoall(Device& d, const Response& r, Entry& e, at::Tensor* out, at::Tensor* splits);
-  Status Reducescatter(Device& d, const Response& r, Entry& e, at::Tensor* out);
+  Status Reducescatter(Device& d, const std::vector<Response>& batch, std::vector<Entry>& entries,
+                       std::vector<at::Tensor>* outs);
   // Reduces `buf` in place (count elements) with the response's op and scales.
   Status ReduceInPlace(Device& d, at::Tensor buf, const Response& r);
 

@@ -39,7 +39,7 @@ struct Request {
   double prescale = 1.0;
   double postscale = 1.0;
   std::vector<int64_t> shape;
-  std::vector<int64_t> splits;  // alltoall: rows sent to each rank
+  std::vector<int64_t> splits;  // alltoall: rows sent to each rank; reducescatter: rows kept
   int64_t group_id = 0;         // 0: not grouped; else every member must be ready
   int32_t group_size = 0;
   int32_t device = -1;  // -1: CPU tensor; else the CUDA device index
@@ -72,7 +72,8 @@ struct Response {
   double prescale = 1.0;
   double postscale = 1.0;
   std::vector<int64_t> shape;      // rank 0's shape
-  std::vector<int64_t> rank_rows;  // allgather: dim 0 per rank; alltoall: size x size splits
+  std::vector<int64_t> rank_rows;  // allgather: dim 0 per rank; alltoall: size x size splits;
+                                   // reducescatter: rows per rank (empty: even)
   int64_t group_id = 0;
   bool on_gpu = false;  // CUDA tensors: run by the GPU backend
 };

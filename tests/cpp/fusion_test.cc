@@ -91,12 +91,50 @@ TEST(Fusion, NonAllreduceBreaksBatch) {
   rs[4].type = OpType::kAllgather;
   rs[5].type = OpType::kAllgather;  // two allgathers never fuse
   EXPECT_EQ(PlanFusion(rs, 1 << 20), (Batches{{0, 1}, {2}, {3}, {4}, {5}}));
-  for (OpType t : {OpType::kBroadcast, OpType::kAlltoall, OpType::kReducescatter, OpType::kBarrier,
-                   OpType::kAllgather}) {
+  for (OpType t : {OpType::kBroadcast, OpType::kAlltoall, OpType::kBarrier, OpType::kAllgather}) {
     std::vector<Response> same(3, AR(1));
     for (auto& r : same) r.type = t;
     EXPECT_EQ(PlanFusion(same, 1 << 20), (Batches{{0}, {1}, {2}})) << OpTypeName(t);
   }
+}
+
+TEST(Fusion, ReducescattersFuseWithEachOtherOnly) {
+  std::vector<Response> rs = {AR(1), AR(1), AR(1), AR(1), AR(1), AR(1)};
+  rs[2].type = rs[3].type = rs[5].type = OpType::kReducescatter;
+  rs[5].dtype = DataType::kFloat64;
+  EXPECT_EQ(PlanFusion(rs, 1 << 20), (Batches{{0, 1}, {2, 3}, {4}, {5}}));
+  Request gpu_rs = GpuAR(10);
+  gpu_rs.type = OpType::kReducescatter;
+  EXPECT_TRUE(WorthHolding({GpuAR(10), gpu_rs}, 1024));
+}
+
+Response RS(std::vector<int64_t> shape, std::vector<int64_t> splits = {}) {
+  Response r = AR(1);
+  r.type = OpType::kReducescatter;
+  r.shape = std::move(shape);
+  r.rank_rows = std::move(splits);
+  return r;
+}
+
+TEST(Fusion, ReducescatterRowsAreTheSplitsOrEven) {
+  EXPECT_EQ(ReducescatterRows(RS({7, 2}), 3), (std::vector<int64_t>{3, 2, 2}));
+  EXPECT_EQ(ReducescatterRows(RS({2}), 3), (std::vector<int64_t>{1, 1, 0}));
+  EXPECT_EQ(ReducescatterRows(RS({5}, {0, 5, 0}), 3), (std::vector<int64_t>{0, 5, 0}));
+}
+
+TEST(Fusion, FusedReducescatterGroupsEachRanksParts) {
+  // Input 0: 4 rows of 2 (even: 2 rows per rank); input 1: 3 elements, all to rank 1;
+  // input 2: 5 rows split 1 / 4.
+  const ScatterLayout l = PlanReducescatter({RS({4, 2}), RS({3}, {0, 3}), RS({5}, {1, 4})}, 2);
+  EXPECT_EQ(l.elems, (std::vector<std::vector<int64_t>>{{4, 4}, {0, 3}, {1, 4}}));
+  EXPECT_EQ(l.src_offset, (std::vector<std::vector<int64_t>>{{0, 4}, {0, 0}, {0, 1}}));
+  // rank 0's parts first (input 0's 4, input 2's 1), then rank 1's (4, 3, 4)
+  EXPECT_EQ(l.dst_offset, (std::vector<std::vector<int64_t>>{{0, 5}, {4, 9}, {4, 12}}));
+  EXPECT_EQ(l.counts, (std::vector<size_t>{5, 11}));
+  EXPECT_EQ(l.total, 16);
+  const ScatterLayout empty = PlanReducescatter({RS({0, 3})}, 2);
+  EXPECT_EQ(empty.total, 0);
+  EXPECT_EQ(empty.counts, (std::vector<size_t>{0, 0}));
 }
 
 TEST(Fusion, OversizeTensorAlone) {

@@ -208,6 +208,45 @@ TEST(RuntimeTest, AllgatherBroadcastAlltoallReducescatter) {
   });
 }
 
+// Reduce-scatters with splits (and one without) negotiated together and fused into
+// one collective: each rank gets its rows of each; splits that differ between
+// ranks fail that op on every rank.
+TEST(RuntimeTest, FusedReducescattersWithSplits) {
+  Watchdog dog(60, "FusedReducescattersWithSplits");
+  Job job;
+  HVD_ASSERT_OK(job.Start(3));
+  RunRanks(3, [&](int r) {
+    Submission a = Op(OpType::kReducescatter, "s.a", at::full({4, 2}, r + 1.0));
+    Submission b = Op(OpType::kReducescatter, "s.b", at::arange(3, at::kFloat) * (r + 1.0));
+    b.request.splits = {0, 3, 0};
+    Submission c = Op(OpType::kReducescatter, "s.c", at::arange(6, at::kFloat) + r);
+    c.request.splits = {1, 0, 5};
+    std::vector<Submission> group = {a, b, c};
+    for (auto& s : group) {
+      s.request.group_id = 7;
+      s.request.group_size = 3;
+    }
+    std::vector<std::shared_ptr<HandleState>> h;
+    HVD_ASSERT_OK(RunOps(*job.rt[r], group, &h));
+    EXPECT_TRUE(at::equal(h[0]->output(), at::full({r == 0 ? 2 : 1, 2}, 6.0))) << h[0]->output();
+    at::Tensor b_sum = at::arange(3, at::kFloat) * 6.0;
+    EXPECT_TRUE(at::equal(h[1]->output(), r == 1 ? b_sum : b_sum.narrow(0, 0, 0)))
+        << h[1]->output();
+    at::Tensor c_sum = at::arange(6, at::kFloat) * 3.0 + 3.0;
+    at::Tensor c_want = r == 0   ? c_sum.narrow(0, 0, 1)
+                        : r == 1 ? c_sum.narrow(0, 1, 0)
+                                 : c_sum.narrow(0, 1, 5);
+    EXPECT_TRUE(at::equal(h[2]->output(), c_want)) << "rank " << r << ": " << h[2]->output();
+
+    Submission d = Op(OpType::kReducescatter, "s.d", at::ones({3}));
+    d.request.splits = r == 2 ? std::vector<int64_t>{0, 0, 3} : std::vector<int64_t>{3, 0, 0};
+    Status st = RunOne(*job.rt[r], d);
+    EXPECT_TRUE(Contains(st.message(), "s.d") && Contains(st.message(), "splits")) << st.message();
+    at::Tensor after = at::ones({2});
+    HVD_EXPECT_OK(RunOne(*job.rt[r], Allreduce("after", after)));
+  });
+}
+
 // A group is negotiated as one, but a member that does not match fails alone, on
 // every rank; the group's other member runs.
 TEST(RuntimeTest, GroupMemberMismatchFailsThatMemberOnly) {
