@@ -12,8 +12,10 @@ x 512 tokens per GPU) with torch.optim.AdamW(lr=1e-4):
 - hvd-sharded: the same with shard_optimizer_state=True (each rank keeps the state of
   the parameters it owns, then allgathers the updated parameters); `hvd-sharded2`
   (shard_optimizer_state=2, which also drops the gradients of the others' parameters)
-  can be added with --contenders. Skipped, with a line saying so, where the installed
-  horovod_torch rejects the keyword;
+  can be added with --contenders, and so can `hvd-sharded-rs` (shard_optimizer_state=2
+  with reduce_scatter_gradients=True: each gradient reduced to its owner only).
+  Skipped, with a line saying so, where the installed horovod_torch rejects the
+  keyword;
 - ddp-zero: DistributedDataParallel + torch.distributed.optim.ZeroRedundancyOptimizer.
 
 A default run does two phases in one launch (the contenders in the same processes):
@@ -57,7 +59,7 @@ import warnings
 from _launch import launch_self
 from train_gpu import _batch, _build, _step
 
-ALL_CONTENDERS = ["hvd", "hvd-sharded", "hvd-sharded2", "ddp-zero"]
+ALL_CONTENDERS = ["hvd", "hvd-sharded", "hvd-sharded2", "hvd-sharded-rs", "ddp-zero"]
 MB = 1 << 20
 VOCAB = 32000
 
@@ -103,12 +105,14 @@ def _make(lib: str, model, dev):
         adamw = torch.optim.AdamW(model.parameters(), lr=1e-4)
         kw = {}
         if lib != "hvd":
-            kw["shard_optimizer_state"] = 2 if lib == "hvd-sharded2" else True
+            kw["shard_optimizer_state"] = 1 if lib == "hvd-sharded" else 2
+        if lib == "hvd-sharded-rs":
+            kw["reduce_scatter_gradients"] = True
         try:
             opt = hvd.DistributedOptimizer(adamw, named_parameters=model.named_parameters(),
                                            **kw)
         except TypeError as exc:
-            if "shard_optimizer_state" in str(exc):
+            if "shard_optimizer_state" in str(exc) or "reduce_scatter_gradients" in str(exc):
                 raise Unsupported(str(exc)) from None
             raise
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -224,7 +228,7 @@ def worker(args) -> None:
             skipped[lib] = why if not ok else "rejected on another rank"
             libs.remove(lib)
             if me == 0:
-                print(f"{lib}: skipped, this horovod_torch has no shard_optimizer_state "
+                print(f"{lib}: skipped, this horovod_torch lacks its keyword "
                       f"({skipped[lib]})", flush=True)
             net = opt = model = None
             continue
@@ -279,7 +283,9 @@ def worker(args) -> None:
             blocks = " ".join(f"{x:.1f}" for x in rates[lib])
             print(f"| {lib} | {rate[lib]:.1f} | {rate[lib] * n:.1f} | {blocks} |")
         for a, b in [("hvd-sharded", "ddp-zero"), ("hvd-sharded", "hvd"),
-                     ("hvd-sharded2", "ddp-zero"), ("hvd-sharded2", "hvd"), ("hvd", "ddp-zero")]:
+                     ("hvd-sharded2", "ddp-zero"), ("hvd-sharded2", "hvd"),
+                     ("hvd-sharded-rs", "ddp-zero"), ("hvd-sharded-rs", "hvd"),
+                     ("hvd-sharded-rs", "hvd-sharded"), ("hvd", "ddp-zero")]:
             if a in rate and b in rate:
                 print(f"{a}/{b} throughput ratio: {rate[a] / rate[b]:.3f}")
         for lib, why in skipped.items():

@@ -111,13 +111,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 and self._op in (Average, Sum)):
             op, pre, post = self._scales()
             params = self._requires_update
-            self._native = _C.GradHooks(params, [self._wire_names[p] for p in params], int(op),
-                                        float(pre), float(post), _ps_id(self._process_set),
-                                        int(self.backward_passes_per_step), wire)
+            names, extra = self._native_targets(params)
+            self._native = _C.GradHooks(params, names, int(op), float(pre), float(post),
+                                        _ps_id(self._process_set),
+                                        int(self.backward_passes_per_step), wire, **extra)
             self._native_wire = wire != ""
             return
         for i, p in enumerate(self._requires_update):
             self._hook_handles.append(p.register_post_accumulate_grad_hook(self._make_hook(i)))
+
+    def _native_targets(self, params) -> Tuple[List[str], dict]:
+        """The C++ hooks' op names, and their other keyword arguments (a sharded
+        optimizer's reduce_scatter_gradients gives each gradient's owner)."""
+        return [self._wire_names[p] for p in params], {}
 
     def _make_hook(self, i: int):
         def hook(p: torch.Tensor) -> None:
@@ -201,7 +207,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 params = self._requires_update
                 for i, h, wire in self._native.take():
                     p = params[i]
-                    self._handles[p] = (h, p.grad.dtype if self._native_wire else None, wire)
+                    # (no .grad: another rank's gradient, reduce-scattered)
+                    dtype = p.grad.dtype if self._native_wire and p.grad is not None else None
+                    self._handles[p] = (h, dtype, wire)
             for p in self._requires_update:
                 if p not in self._handles:
                     self._start(p)
@@ -213,29 +221,35 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 if ctx is _SPARSE:
                     p.grad = synchronize(h)
             dense = [(p, h, ctx) for p, (h, ctx, _) in items if ctx is not _SPARSE]
-            outs = _wait_many([h for _, h, _ in dense])
-            # The built-in casts back to the gradients' dtype go in one multi-tensor
-            # copy; other compressors (also subclasses that override decompress)
-            # decompress tensor by tensor.
-            cast = (getattr(getattr(self._compression, "decompress", None), "__func__", None)
-                    is _CastCompressor.decompress.__func__)
-            dst, src = [], []
-            for (p, _, ctx), out in zip(dense, outs):
-                if cast and isinstance(ctx, torch.dtype) and out.dtype != ctx:
-                    dst.append(p.grad)
-                    src.append(out.view_as(p.grad))
-                    continue
-                result = self._compression.decompress(out, ctx)
-                if p.grad.is_sparse:  # sparse_as_dense: the optimizer expects it sparse
-                    p.grad = result.view(p.grad.shape).to_sparse()
-                elif result.data_ptr() != p.grad.data_ptr():
-                    p.grad.copy_(result.view_as(p.grad))
-            if dst:
-                torch._foreach_copy_(dst, src)
+            self._write_reduced([(p, ctx) for p, _, ctx in dense],
+                                _wait_many([h for _, h, _ in dense]))
         finally:
             # Also after a failure (a lost peer): the next step starts clean.
             self._reset_pending()
         self._synchronized = True
+
+    def _write_reduced(self, dense, outs) -> None:
+        """The reduced gradients into .grad: ``dense`` is [(parameter, compression
+        context)], ``outs`` the reduced (compressed) tensors. The built-in casts back
+        to the gradients' dtype (and results not reduced in place) go in one
+        multi-tensor copy; other compressors (also subclasses that override
+        decompress) decompress tensor by tensor first."""
+        cast = (getattr(getattr(self._compression, "decompress", None), "__func__", None)
+                is _CastCompressor.decompress.__func__)
+        dst, src = [], []
+        for (p, ctx), out in zip(dense, outs):
+            if cast and isinstance(ctx, torch.dtype) and out.dtype != ctx:
+                dst.append(p.grad)
+                src.append(out.view_as(p.grad))
+                continue
+            result = self._compression.decompress(out, ctx)
+            if p.grad.is_sparse:  # sparse_as_dense: the optimizer expects it sparse
+                p.grad = result.view(p.grad.shape).to_sparse()
+            elif result.data_ptr() != p.grad.data_ptr():
+                dst.append(p.grad)
+                src.append(result.view_as(p.grad))
+        if dst:
+            torch._foreach_copy_(dst, src)
 
     def _reset_pending(self) -> None:
         """Forgets gradients in flight (after synchronize, or when elastic training
@@ -369,13 +383,19 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          compression=Compression.none, backward_passes_per_step: int = 1,
                          op: int = Average, gradient_predivide_factor: float = 1.0,
                          num_groups: int = 0, groups=None, sparse_as_dense: bool = False,
-                         process_set=global_process_set, shard_optimizer_state=False):
+                         process_set=global_process_set, shard_optimizer_state=False,
+                         reduce_scatter_gradients: bool = False):
     """Returns `optimizer` made distributed: an instance of a subclass of its class
     whose step() first averages (op=Average) or sums gradients across ranks.
 
     ``shard_optimizer_state=True`` (or 1) keeps each parameter's optimizer state on
     one rank only (about 1/N of it per rank, see horovod_torch/sharded.py); ``2``
     also frees, in step(), the gradients of parameters another rank owns.
+    ``reduce_scatter_gradients=True`` (with shard_optimizer_state) reduces each
+    gradient to its owner only: after synchronize() a rank holds only its own
+    parameters' gradients (the others' are None). Clip with
+    ``optimizer.clip_grad_norm_`` then; ``torch.nn.utils.clip_grad_norm_`` would see
+    only this rank's gradients.
     """
     if op not in (Average, Sum, Adasum):
         raise ValueError("DistributedOptimizer supports op=hvd.Average, hvd.Sum or hvd.Adasum")
@@ -383,6 +403,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if stage and isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("shard_optimizer_state cannot shard torch.optim.LBFGS: its state (the "
                          "curvature history) spans all parameters at once")
+    if reduce_scatter_gradients and not stage:
+        raise ValueError("reduce_scatter_gradients needs shard_optimizer_state: a gradient is "
+                         "reduced to the rank that owns the parameter's optimizer state")
+    if reduce_scatter_gradients and (num_groups or groups is not None):
+        raise ValueError("reduce_scatter_gradients cannot be combined with num_groups or "
+                         "groups (grouped gradients are allreduced)")
     if stage and op == Adasum:
         raise ValueError("shard_optimizer_state cannot be combined with op=hvd.Adasum (each "
                          "rank steps the whole model there)")
@@ -409,6 +435,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         from horovod_torch.sharded import ShardedOptimizer, ShardedStateMixin
         methods.update({k: v for k, v in ShardedStateMixin.__dict__.items()
                         if not k.startswith("__")})
+        methods["_scatter"] = bool(reduce_scatter_gradients)
         bases += (ShardedOptimizer,)
     cls = type(optimizer.__class__.__name__, bases, methods)
     dist = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,

@@ -23,7 +23,10 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from horovod_torch import basics
-from horovod_torch.ops import _ps_id, _set_rank, _set_size, grouped_allgather_async, synchronize
+from horovod_torch.basics import Max, Sum
+from horovod_torch.ops import (_ps_id, _set_rank, _set_size, allreduce_async, grouped_allgather_async,
+                               reducescatter_async, synchronize)
+from horovod_torch.optimizer import _DistributedOptimizer
 
 
 def partition(sizes: List[int], n: int) -> List[int]:
@@ -47,6 +50,7 @@ class Shard:
         self.owner = partition([p.numel() if p.requires_grad else 0 for p in params], size)
         self.owned = [i for i, o in enumerate(self.owner) if o == rank]
         self._owned_set = set(self.owned)
+        self.index = {p: i for i, p in enumerate(params)}
 
     def owns(self, index: int) -> bool:
         return index in self._owned_set
@@ -112,7 +116,8 @@ class ShardedStateMixin:
 
     def _shard_init(self, stage: int) -> None:
         self._stage = stage
-        self._shard_cache: Optional[Shard] = None
+        # (the hooks may have asked for the partition already)
+        self._shard_cache: Optional[Shard] = getattr(self, "_shard_cache", None)
         self._consolidated: Optional[Dict[str, Any]] = None
         self._consolidated_root: Optional[int] = None
         self._loaded_full: Optional[Dict[str, Any]] = None
@@ -137,9 +142,13 @@ class ShardedStateMixin:
             return None
         psid = _ps_id(self._process_set)
         size, rank = _set_size(psid), _set_rank(psid)
-        s = self._shard_cache
+        s = getattr(self, "_shard_cache", None)
         if s is None or s.size != size or s.rank != rank:
             s = self._shard_cache = Shard(self._all_params(), size, rank)
+            if self._scatter and self._native is not None:
+                # the C++ hooks know each gradient's owner: tell them the new ones
+                self._native = None
+                self._register_hooks()
         return s
 
     # -- stepping ------------------------------------------------------------
@@ -172,10 +181,106 @@ class ShardedStateMixin:
         return loss
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """torch.nn.utils.clip_grad_norm_ over all of the optimizer's parameters (every
-        rank holds every reduced gradient until step(), stage 2 included). Returns the
-        total norm."""
-        return torch.nn.utils.clip_grad_norm_(self._all_params(), max_norm, norm_type)
+        """torch.nn.utils.clip_grad_norm_ over all of the optimizer's parameters. Returns
+        the total norm. Every rank holds every reduced gradient until step() (stage 2
+        included); with reduce_scatter_gradients a rank holds its own, and the norm is
+        combined across the ranks (one small allreduce)."""
+        shard = self._shard()
+        if not self._scatter or shard is None or shard.size == 1:
+            return torch.nn.utils.clip_grad_norm_(self._all_params(), max_norm, norm_type)
+        norm_type = float(norm_type)
+        params = [shard.params[i] for i in shard.owned if shard.params[i].grad is not None]
+        device = shard.params[0].device
+        if params:
+            local = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type)
+            local = local.to(device=device, dtype=torch.float32)
+        else:
+            local = torch.zeros((), device=device, dtype=torch.float32)
+        inf = norm_type == float("inf")
+        part = local if inf else local.pow(norm_type)
+        total = synchronize(allreduce_async(part.reshape(1), name="sharded.grad_norm",
+                                            op=Max if inf else Sum,
+                                            process_set=self._process_set))[0]
+        if not inf:
+            total = total.pow(1.0 / norm_type)
+        if params:
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        return total
+
+    # -- reduce-scattered gradients (reduce_scatter_gradients=True) -------------------
+
+    _scatter = False  # set in the class DistributedOptimizer makes
+
+    def _native_targets(self, params):
+        shard = self._shard()
+        if not self._scatter or shard is None or shard.size == 1:
+            return _DistributedOptimizer._native_targets(self, params)
+        names = ["reducescatter." + self._parameter_names[p] for p in params]
+        return names, {"owners": [shard.owner[shard.index[p]] for p in params],
+                       "rank": shard.rank, "set_size": shard.size}
+
+    def _start(self, p: torch.Tensor) -> None:
+        """With reduce_scatter_gradients: the gradient's reduction goes to its owner only
+        (a reduce-scatter whose splits give every row to the owner; the engine fuses
+        consecutive ones into one collective). A rank drops the gradients it does not
+        own as soon as their reduction is submitted; the engine keeps them until it
+        has sent them. Sparse gradients (without sparse_as_dense) are allreduced."""
+        shard = self._shard()
+        if (not self._scatter or shard is None or shard.size == 1
+                or (p.grad is not None and p.grad.is_sparse and not self._sparse_as_dense)):
+            return _DistributedOptimizer._start(self, p)
+        op, pre, post = self._scales()
+        compressed, ctx = self._prepare(p)
+        owner = shard.owner[shard.index[p]]
+        splits = [0] * shard.size
+        splits[owner] = compressed.numel()
+        h = reducescatter_async(compressed.reshape(-1), name="reducescatter." +
+                                self._parameter_names[p], op=op, prescale_factor=pre,
+                                postscale_factor=post, process_set=self._process_set,
+                                splits=splits)
+        self._started(p, (h, ctx, None))
+        if owner != shard.rank:
+            p.grad = None
+        return None
+
+    def _write_reduced(self, dense, outs) -> None:
+        shard = self._shard()
+        if not self._scatter or shard is None:
+            return _DistributedOptimizer._write_reduced(self, dense, outs)
+        mine = [(d, out) for d, out in zip(dense, outs) if shard.owns(shard.index[d[0]])]
+        return _DistributedOptimizer._write_reduced(self, [d for d, _ in mine],
+                                                    [out for _, out in mine])
+
+    def synchronize(self) -> None:
+        _DistributedOptimizer.synchronize(self)
+        shard = self._shard()
+        if self._scatter and shard is not None and shard.size > 1:
+            for i, p in enumerate(shard.params):
+                if not shard.owns(i):
+                    p.grad = None
+            self._agree_on_non_finite(shard)
+
+    def _agree_on_non_finite(self, shard: Shard) -> None:
+        """If any rank's gradients hold an inf or NaN, puts a NaN into this rank's
+        first owned gradient too, so that GradScaler (or any check of the gradients a
+        rank holds) skips the step on every rank alike: one multi-tensor check per
+        dtype and one small allreduce, without waiting for the device."""
+        grads = [shard.params[i].grad for i in shard.owned
+                 if shard.params[i].grad is not None and not shard.params[i].grad.is_sparse
+                 and shard.params[i].grad.is_floating_point()]
+        device = shard.params[0].device
+        found = torch.zeros(1, dtype=torch.float32, device=device)
+        one = torch.ones(1, dtype=torch.float32, device=device)
+        by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
+        for g in grads:
+            by_dtype.setdefault(g.dtype, []).append(g)
+        for group in by_dtype.values():
+            torch._amp_foreach_non_finite_check_and_unscale_(group, found, one)
+        found = synchronize(allreduce_async(found, name="sharded.non_finite", op=Max,
+                                            process_set=self._process_set))
+        if grads:
+            first = grads[0].view(-1)[:1]
+            first.copy_(torch.where(found > 0, torch.full_like(first, float("nan")), first))
 
     # -- state dicts ---------------------------------------------------------
 

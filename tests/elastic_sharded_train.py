@@ -5,7 +5,8 @@ size: at the end each rank compares the parameters and the consolidated optimize
 state with a single-process run of the same steps.
 
 Environment: STEPS, KILL_RANKS (comma-separated ranks that die together at
-KILL_STEP, once: marker file MARKER), STAGE (1 or 2), EDIT_STEP/EDIT_FILE/EDIT_TEXT
+KILL_STEP, once: marker file MARKER), STAGE (1, 2, or rs: 2 with
+reduce_scatter_gradients), EDIT_STEP/EDIT_FILE/EDIT_TEXT
 (rank 0 rewrites the discovery file at that step to remove or add hosts),
 WAIT_STEP/WAIT_SIZE (see tests.workers.edit_hosts_and_wait)."""
 import os
@@ -42,8 +43,10 @@ def loss_of(model):
 
 hvd.init()
 model, base = build()
+STAGE = os.environ.get("STAGE", "1")
 opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(),
-                               shard_optimizer_state=int(os.environ.get("STAGE", "1")))
+                               shard_optimizer_state=2 if STAGE == "rs" else int(STAGE),
+                               reduce_scatter_gradients=STAGE == "rs")
 state = hvd.elastic.TorchState(model, opt, step=0)
 resets = []
 state.register_reset_callbacks([lambda: resets.append(hvd.size())])

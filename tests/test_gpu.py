@@ -86,7 +86,9 @@ def test_nccl_with_the_mpi_controller():
 
 
 @pytest.mark.parametrize("opt,stage,extra", [("adamw", "1", "clip"), ("adam", "2", "amp"),
-                                             ("sgd", "1", "bpps2+fp16")])
+                                             ("sgd", "1", "bpps2+fp16"),
+                                             ("adamw", "2", "rs+amp+clip"),
+                                             ("adamw", "2", "rs+bpps2+fp16")])
 def test_sharded_optimizer_exactness_on_gpu(opt, stage, extra):
     run_workers("tests.sharded_workers:exactness", 2, args=[opt, stage, extra, "cuda"],
                 env=GPU_ENV, timeout=240)

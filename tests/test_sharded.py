@@ -15,8 +15,16 @@ def test_sharded_training_equals_unsharded(size, opt):
     run_workers("tests.sharded_workers:exactness", size, args=[opt, "1", "none"], timeout=120)
 
 
+@pytest.mark.parametrize("size", [2, 3])
+def test_reduce_scattered_gradients_train_as_unsharded(size):
+    """reduce_scatter_gradients: each gradient reduced to its owner only; the same
+    parameters as unsharded training within float rounding, only owned gradients held."""
+    run_workers("tests.sharded_workers:exactness", size, args=["adamw", "2", "rs"], timeout=120)
+
+
 @pytest.mark.parametrize("stage,extra", [
     (1, "clip"), (2, "clip"), (2, "none"), (1, "bpps2+fp16"), (1, "amp+clip"), (2, "amp"),
+    (2, "rs+clip"), (1, "rs+bpps2+fp16"), (2, "rs+amp+clip"),
 ])
 def test_sharded_training_options(stage, extra):
     run_workers("tests.sharded_workers:exactness", 3, args=["adamw", str(stage), extra],
@@ -28,9 +36,9 @@ def test_sharded_state_dicts(size):
     run_workers("tests.sharded_workers:state_dicts", size, timeout=120)
 
 
-@pytest.mark.parametrize("stage", ["1", "2"])
-def test_a_gradient_overflow_skips_the_step_on_every_rank(stage):
-    run_workers("tests.sharded_workers:amp_overflow", 2, args=[stage], timeout=90)
+@pytest.mark.parametrize("stage,extra", [("1", "amp"), ("2", "amp"), ("2", "amp+rs")])
+def test_a_gradient_overflow_skips_the_step_on_every_rank(stage, extra):
+    run_workers("tests.sharded_workers:amp_overflow", 2, args=[stage, extra], timeout=90)
 
 
 def test_sharded_errors():
@@ -42,7 +50,7 @@ def test_sharded_errors():
 ELASTIC_SCRIPT = os.path.join(ROOT, "tests", "elastic_sharded_train.py")
 
 
-@pytest.mark.parametrize("stage", ["1", "2"])
+@pytest.mark.parametrize("stage", ["1", "2", "rs"])
 def test_sharded_state_survives_a_kill_and_a_rejoin_3_2_3(tmp_path, stage):
     """A worker dies mid-training: the two survivors rebuild its part of the optimizer
     state from the replica and reshard it; the replacement gets its part when it

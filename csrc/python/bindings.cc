@@ -495,7 +495,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("native_grad_hooks", [] { return G().native_grad_hooks.load(); });
   py::class_<GradHooks>(m, "GradHooks")
       .def(py::init<std::vector<at::Tensor>, std::vector<std::string>, int, double, double, int,
-                    int, const std::string&>())
+                    int, const std::string&, std::vector<int64_t>, int, int>(),
+           py::arg("params"), py::arg("names"), py::arg("op"), py::arg("prescale"),
+           py::arg("postscale"), py::arg("process_set_id"), py::arg("passes_per_step"),
+           py::arg("wire"), py::arg("owners") = std::vector<int64_t>(), py::arg("rank") = 0,
+           py::arg("set_size") = 0)
       .def("take", &GradHooks::Take)
       .def("reset", &GradHooks::Reset)
       .def("in_flight", &GradHooks::InFlight)

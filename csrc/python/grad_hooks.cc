@@ -29,6 +29,9 @@ struct GradHooks::State {
   double prescale = 1, postscale = 1;
   int process_set_id = 0;
   c10::optional<at::ScalarType> wire;
+  std::vector<int64_t> owners;  // empty: allreduce every gradient
+  int rank = 0;                 // this rank's place in the process set
+  int set_size = 0;             // and the set's size
   Mutex mu;
   PassCounter counter HVD_GUARDED_BY(mu){0, 1};
   std::vector<Slot> slots HVD_GUARDED_BY(mu);
@@ -55,31 +58,39 @@ struct GradHooks::State {
     e.persist();
     throw e;
   }
-  // Submits the allreduce of parameter i's gradient (its last pass of the step).
+  // Submits the reduction of parameter i's gradient (its last pass of the step).
   void Start(size_t i) HVD_REQUIRES(mu) {
     Slot& slot = slots[i];
     const at::Tensor grad = params[i].grad();
     if (!grad.defined() || grad.layout() != at::kStrided || !grad.is_contiguous()) {
       return;  // synchronize() starts it from Python
     }
+    const bool scatter = !owners.empty();
     at::Tensor w = grad;
     std::vector<Submission> subs(1);
     Submission& sub = subs[0];
     if (wire && at::isFloatingType(grad.scalar_type()) && grad.scalar_type() != *wire) {
-      if (grad.is_cuda()) {
+      if (grad.is_cuda() && !scatter) {
         sub.wire = *wire;  // the GPU backend casts while packing, off this thread
       } else {
         w = grad.to(*wire);
       }
     }
     sub.process_set_id = process_set_id;
-    sub.request.type = OpType::kAllreduce;
+    sub.request.type = scatter ? OpType::kReducescatter : OpType::kAllreduce;
     sub.request.name = names[i];
     sub.request.op = static_cast<ReduceOp>(op);
     sub.request.prescale = prescale;
     sub.request.postscale = postscale;
-    sub.input = w;
-    sub.output = w;
+    if (scatter) {
+      w = w.view(-1);
+      sub.request.splits.assign(static_cast<size_t>(set_size), 0);
+      sub.request.splits[static_cast<size_t>(owners[i])] = w.numel();
+      sub.input = w;
+    } else {
+      sub.input = w;
+      sub.output = w;
+    }
     std::vector<std::shared_ptr<HandleState>> states;
     Status st = SubmitToRuntime(std::move(subs), &states);
     if (st.ok()) {
@@ -89,7 +100,11 @@ struct GradHooks::State {
       slot.handle->Complete(st);
     }
     counter.MarkStarted(i);
-    slot.wire_tensor = std::move(w);
+    if (scatter && owners[i] != rank) {
+      params[i].mutable_grad().reset();  // another rank's gradient: the runtime holds it
+    } else {
+      slot.wire_tensor = std::move(w);
+    }
   }
 };
 
@@ -128,10 +143,19 @@ struct GradHooks::Hook : torch::autograd::FunctionPostHook {
 
 GradHooks::GradHooks(std::vector<at::Tensor> params, std::vector<std::string> names, int op,
                      double prescale, double postscale, int process_set_id, int passes_per_step,
-                     const std::string& wire)
+                     const std::string& wire, std::vector<int64_t> owners, int rank, int set_size)
     : state_(std::make_shared<State>()) {
   if (params.size() != names.size()) throw py::value_error("GradHooks: one name per parameter");
+  if (!owners.empty() && owners.size() != params.size()) {
+    throw py::value_error("GradHooks: one owner per parameter");
+  }
+  for (int64_t o : owners) {
+    if (o < 0 || o >= set_size) throw py::value_error("GradHooks: an owner out of range");
+  }
   State& s = *state_;
+  s.owners = std::move(owners);
+  s.rank = rank;
+  s.set_size = set_size;
   s.params = std::move(params);
   s.names = std::move(names);
   s.op = op;

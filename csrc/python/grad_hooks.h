@@ -16,12 +16,15 @@ namespace hvd {
 
 // DistributedOptimizer's gradient hooks in C++: a post hook on each parameter's
 // gradient accumulator submits the in-place allreduce of its .grad straight to the
-// runtime. With Compression.fp16/bf16 a CUDA gradient goes with its wire dtype, and
-// the GPU backend casts while it packs and unpacks; a CPU one is cast here first. It runs
-// on the autograd thread without Python or the GIL, so a backward pass bound by
-// the CPU that launches its kernels is not slowed by a Python call per gradient.
-// synchronize() collects the handles with Take() and starts, in Python, the
-// gradients the hooks left alone (no gradient this step, sparse, non-contiguous).
+// runtime. With `owners` (a sharded optimizer's reduce_scatter_gradients: the rank
+// of the process set that owns each parameter) it submits instead a reduce-scatter
+// whose splits give the whole gradient to its owner, and a rank that does not own
+// the parameter drops its .grad at once (the runtime keeps the tensor until sent). With
+// Compression.fp16/bf16 a CUDA gradient goes with its wire dtype, and the GPU backend casts while
+// it packs and unpacks; a CPU one is cast here first. It runs on the autograd thread without Python
+// or the GIL, so a backward pass bound by the CPU that launches its kernels is not slowed by a
+// Python call per gradient. synchronize() collects the handles with Take() and starts, in Python,
+// the gradients the hooks left alone (no gradient this step, sparse, non-contiguous).
 //
 // Threading: hooks run on autograd threads, Take/Reset/InFlight on the Python
 // thread; one mutex guards the slots. The hooks hold the state weakly, so
@@ -29,7 +32,8 @@ namespace hvd {
 class GradHooks {
  public:
   GradHooks(std::vector<at::Tensor> params, std::vector<std::string> names, int op, double prescale,
-            double postscale, int process_set_id, int passes_per_step, const std::string& wire);
+            double postscale, int process_set_id, int passes_per_step, const std::string& wire,
+            std::vector<int64_t> owners = {}, int rank = 0, int set_size = 0);
   ~GradHooks();
 
   // [(parameter index, handle, the tensor reduced)] of the allreduces the hooks
