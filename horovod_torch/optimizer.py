@@ -3,6 +3,7 @@ ranks, with each gradient's allreduce started by a hook as soon as backward has
 produced it (communication overlaps the rest of the backward pass)."""
 import contextlib
 import warnings
+import weakref
 from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
@@ -67,6 +68,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._hook_handles = []
+        weakref.finalize(self, _remove_hooks, self._hook_handles)
         # As in Horovod, ranks outside the process set train on their own gradients.
         self._included = _ps_included(process_set)
         if self._included:
@@ -126,11 +128,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return [self._wire_names[p] for p in params], {}
 
     def _make_hook(self, i: int):
+        # The hook holds the optimizer weakly: torch keeps a parameter's hooks where
+        # the garbage collector cannot see them, so a strong reference would keep the
+        # optimizer, and through it the model, alive for good.
+        ref = weakref.ref(self)
+
         def hook(p: torch.Tensor) -> None:
             # True on the step's last pass; an AssertionError once the allreduce is in
             # flight (another pass would add into it and make ranks disagree).
-            if self._counter.count(i):
-                self._start(p)
+            opt = ref()
+            if opt is not None and opt._counter.count(i):
+                opt._start(p)
         # Compiled autograd runs it as it is, untraced: traced by Dynamo, every call
         # reached the first parameter's entries in the optimizer's tensor-keyed tables.
         return torch.compiler.disable(hook)
@@ -353,6 +361,12 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
             for p, s, h, ctx in zip(params, start, handles, ctxs):
                 p.copy_(s + self._compression.decompress(synchronize(h), ctx).view_as(p))
         return loss
+
+
+def _remove_hooks(handles) -> None:
+    """Detaches a collected optimizer's Python hooks from its parameters."""
+    for handle in handles:
+        handle.remove()
 
 
 def _parameter_names(all_params, named_parameters) -> Dict[torch.Tensor, str]:

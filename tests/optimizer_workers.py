@@ -411,3 +411,39 @@ def closures(shard: str = "0"):
             assert all(torch.equal(same[0], row) for row in same), "ranks diverged"
             torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
     hvd.shutdown()
+
+
+def freed_when_dropped() -> None:
+    """An optimizer dropped by the user is collected with its model, whichever hooks
+    it used, and its hooks leave the parameters: a new optimizer over the same model
+    then reduces each gradient once (a left-over hook would start a second allreduce
+    of the same name)."""
+    import gc
+    import weakref
+    hvd.init()
+    n = hvd.size()
+    for kw in ({}, {"shard_optimizer_state": True},
+               {"shard_optimizer_state": 2, "reduce_scatter_gradients": True}):
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(), **kw)
+        for _ in range(2):
+            opt.zero_grad()
+            model(torch.ones(2, 4)).sum().backward()
+            opt.step()
+        refs = [weakref.ref(opt), weakref.ref(model[0].weight)]
+        kept = model
+        del opt, model
+        gc.collect()
+        assert refs[0]() is None, f"the optimizer ({kw}) outlived its last reference"
+        again = hvd.DistributedOptimizer(torch.optim.SGD(kept.parameters(), lr=0.1),
+                                         named_parameters=kept.named_parameters(), **kw)
+        for _ in range(2):
+            again.zero_grad()
+            kept(torch.ones(2, 4) * (hvd.rank() + 1)).sum().backward()
+            again.step()
+        del again, kept
+        gc.collect()
+        assert refs[1]() is None, f"the model ({kw}) outlived its last reference"
+    assert n >= 1
+    hvd.shutdown()

@@ -54,6 +54,12 @@ def test_a_pass_too_many_raises_on_either_hook_path(native):
     assert all("extra pass ok" in r.output for r in results)
 
 
+@pytest.mark.parametrize("native", ["1", "0"], ids=["cpp-hooks", "python-hooks"])
+def test_a_dropped_optimizer_is_freed_with_its_model(native):
+    run_workers("tests.optimizer_workers:freed_when_dropped", 2, timeout=90,
+                env={"HOROVOD_NATIVE_GRAD_HOOKS": native})
+
+
 @pytest.mark.parametrize("shard", ["0", "1", "2"])
 def test_step_with_a_closure_steps_on_reduced_gradients(shard):
     run_workers("tests.optimizer_workers:closures", 2, args=[shard], timeout=90)
