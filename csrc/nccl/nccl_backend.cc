@@ -501,27 +501,42 @@ Status NcclBackend::Alltoall(Device& d, const Response& r, Entry& e, at::Tensor*
 }
 
 // One reduce-scatter for the batch: the inputs' parts for each rank are packed
-// together (PlanReducescatter; one cat kernel), reduced once, and each entry's
-// output is a view of this rank's part.
+// together (PlanReducescatter), reduced once, and each entry's output is a view of
+// this rank's part. Uneven parts are padded to the largest for one
+// ncclReduceScatter when that moves less data over each link of a ring than one
+// ncclReduce per part ((N-1) x the largest part against the total; always on 2
+// ranks); else they go as one reduce per part, rooted at the rank that keeps it.
 Status NcclBackend::Reducescatter(Device& d, const std::vector<Response>& batch,
                                   std::vector<Entry>& entries, std::vector<at::Tensor>* outs) {
   const Response& r = batch[0];
   const ScatterLayout l = PlanReducescatter(batch, size_);
   const at::Tensor& in0 = entries[0].sub.input;
+  const size_t most = *std::max_element(l.counts.begin(), l.counts.end());
+  const bool even =
+      std::all_of(l.counts.begin(), l.counts.end(), [&](size_t c) { return c == l.counts[0]; });
+  const bool pad = !even && static_cast<size_t>(size_ - 1) * most <= static_cast<size_t>(l.total);
   at::Tensor fused;
-  if (entries.size() == 1) {
+  if (entries.size() == 1 && !pad) {
     fused = in0.view(-1);
   } else {
-    std::vector<at::Tensor> pieces;
+    fused = at::empty({pad ? static_cast<int64_t>(most) * size_ : l.total}, in0.options());
+    std::vector<at::Tensor> all;
     for (int p = 0; p < size_; ++p) {
+      std::vector<at::Tensor> pieces;
       for (size_t i = 0; i < entries.size(); ++i) {
         if (l.elems[i][p] == 0) continue;
         pieces.push_back(
             entries[i].sub.input.view(-1).narrow(0, l.src_offset[i][p], l.elems[i][p]));
       }
+      if (!pad) {
+        all.insert(all.end(), pieces.begin(), pieces.end());
+      } else if (!pieces.empty()) {
+        at::Tensor dst =
+            fused.narrow(0, static_cast<int64_t>(most) * p, static_cast<int64_t>(l.counts[p]));
+        at::cat_out(dst, pieces, 0);
+      }
     }
-    fused = at::empty({l.total}, in0.options());
-    if (!pieces.empty()) at::cat_out(fused, pieces, 0);
+    if (!all.empty()) at::cat_out(fused, all, 0);
   }
   at::Tensor work = Reducible(fused);
   FoldedOp fop(r, fused.scalar_type(), d.comm, size_);
@@ -530,19 +545,18 @@ Status NcclBackend::Reducescatter(Device& d, const std::vector<Response>& batch,
     if (work.data_ptr() == in0.data_ptr()) work = work.clone();
     Scale(work, fop.pre());
   }
-  at::Tensor out_work = at::empty({static_cast<int64_t>(l.counts[rank_])}, work.options());
+  at::Tensor out_work =
+      at::empty({static_cast<int64_t>(pad ? most : l.counts[rank_])}, work.options());
   const size_t esize = work.element_size();
   const ncclDataType_t dt = NcclType(work.scalar_type());
-  const bool even =
-      std::all_of(l.counts.begin(), l.counts.end(), [&](size_t c) { return c == l.counts[0]; });
   if (l.total == 0) {
     // nothing to reduce
-  } else if (even) {
-    HVD_NCCL(ncclReduceScatter(work.data_ptr(), out_work.data_ptr(), l.counts[0], dt, fop.op(),
-                               d.comm, *d.stream),
+  } else if (even || pad) {
+    HVD_NCCL(ncclReduceScatter(work.data_ptr(), out_work.data_ptr(), even ? l.counts[0] : most, dt,
+                               fop.op(), d.comm, *d.stream),
              d.comm);
+    if (pad) out_work = out_work.narrow(0, 0, static_cast<int64_t>(l.counts[rank_]));
   } else {
-    // Uneven parts: one reduce per part, rooted at the rank that keeps it.
     HVD_NCCL(ncclGroupStart(), d.comm);
     size_t off = 0;
     for (int p = 0; p < size_; ++p) {
