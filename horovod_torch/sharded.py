@@ -252,9 +252,18 @@ class ShardedStateMixin:
                                                     [out for _, out in mine])
 
     def synchronize(self) -> None:
-        _DistributedOptimizer.synchronize(self)
         shard = self._shard()
-        if self._scatter and shard is not None and shard.size > 1:
+        scattered = self._scatter and shard is not None and shard.size > 1
+        if (scattered and self._synchronized and not self._handles
+                and not (self._native is not None and self._native.in_flight())
+                and all(p.grad is None for i, p in enumerate(shard.params)
+                        if not shard.owns(i))):
+            # Reduced already, and no backward pass since (it would have given the
+            # others' parameters gradients again): a second reduction, with those
+            # absent (zeros), would divide the owned gradients by the set's size.
+            return
+        _DistributedOptimizer.synchronize(self)
+        if scattered:
             for i, p in enumerate(shard.params):
                 if not shard.owns(i):
                     p.grad = None

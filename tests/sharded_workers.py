@@ -264,3 +264,27 @@ def amp_overflow(stage="2", extra="amp"):
         assert torch.allclose(p, q, rtol=1e-5, atol=1e-6) if "rs" in extras else \
             torch.equal(p, q), (name, (p - q).abs().max())
     hvd.shutdown()
+
+
+def synchronize_then_step(extra="rs"):
+    """synchronize(), then step() without skip_synchronize() (Horovod warns, and the
+    second reduction changes nothing): with reduce-scattered gradients the owned
+    gradients are not reduced a second time (with the other ranks' absent ones as
+    zeros, which would divide them by the set's size)."""
+    import warnings
+    hvd.init()
+    extras = set(extra.split("+"))
+    plain, sharded = _Trainer("sgd", 0, extras), _Trainer("sgd", 2, extras)
+    r, n = hvd.rank(), hvd.size()
+    for step in range(3):
+        for t in (plain, sharded):
+            t.opt.zero_grad()
+            x, y = _batch(step, r, n)
+            ((t.model(x) - y) ** 2).mean().backward()
+            t.opt.synchronize()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                t.opt.step()
+    for (name, p), q in zip(plain.model.named_parameters(), sharded.model.parameters()):
+        assert torch.allclose(p, q, rtol=1e-5, atol=1e-6), (name, (p - q).abs().max())
+    hvd.shutdown()

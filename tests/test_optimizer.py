@@ -60,7 +60,7 @@ def test_a_dropped_optimizer_is_freed_with_its_model(native):
                 env={"HOROVOD_NATIVE_GRAD_HOOKS": native})
 
 
-@pytest.mark.parametrize("shard", ["0", "1", "2"])
+@pytest.mark.parametrize("shard", ["0", "1", "2", "rs"])
 def test_step_with_a_closure_steps_on_reduced_gradients(shard):
     run_workers("tests.optimizer_workers:closures", 2, args=[shard], timeout=90)
 
