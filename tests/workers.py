@@ -93,6 +93,13 @@ def all_collectives(seed: str = "0", device: str = "cpu") -> None:
                                postscale_factor=3.0)
                 close(t, (reference_reduce(inputs, hvd.Sum, torch.float64) * 1.5).to(dtype),
                       f"allreduce_ scaled {dtype}")
+                # tensors that require grad, in flight together (so fused)
+                handles = [hvd.allreduce_async(inputs[r].clone().requires_grad_(),
+                                               name=f"arg.{case}.{k}", op=hvd.Sum)
+                           for k in range(3)]
+                for h in handles:
+                    close(hvd.synchronize(h), reference_reduce(inputs, hvd.Sum, dtype),
+                          f"allreduce of tensors that require grad {dtype}")
                 # Average split before and after the sum (gradient_predivide_factor)
                 t = inputs[r].clone()
                 hvd.allreduce_(t, name=f"ara.{case}", op=hvd.Average, prescale_factor=0.5,
@@ -143,9 +150,13 @@ def all_collectives(seed: str = "0", device: str = "cpu") -> None:
             handles = [hvd.reducescatter_async(sin[k][r], name=f"rsf.{case}.{k}", op=hvd.Sum,
                                                splits=splits) for k in range(3)]
             for k, h in enumerate(handles):
-                close(hvd.synchronize(h),
-                      reference_reduce(sin[k], hvd.Sum, dtype)[start:start + splits[r]],
+                out = hvd.synchronize(h)
+                close(out, reference_reduce(sin[k], hvd.Sum, dtype)[start:start + splits[r]],
                       f"reducescatter splits, fused, {dtype}")
+                assert out._base is None, "a fused reduce-scatter's output is a view"
+            if dtype.is_floating_point:  # an in-place op on the result of the Function
+                x = sin[0][r].clone().requires_grad_()
+                hvd.reducescatter(x, name=f"rsg.{case}", op=hvd.Sum, splits=splits).mul_(2)
     # bool where it makes sense
     b = [make(q, (7,), torch.bool, seed) for q in range(n)]
     close(hvd.allreduce(b[r], op=hvd.Max, name="bool.max"), torch.stack(b).any(0), "bool max")

@@ -1,5 +1,6 @@
 #include "nccl/nccl_backend.h"
 
+#include <c10/core/GradMode.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
@@ -325,6 +326,9 @@ Status NcclBackend::Execute(const std::vector<Response>& batch, std::vector<Entr
   Device* d = nullptr;
   HVD_RETURN_IF_ERROR(Ensure(device, &d));
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  // Inputs may require grad (hvd.allreduce of a leaf, say): the packing kernels
+  // (cat_out) refuse that with autograd on, and this thread records no graph.
+  c10::NoGradGuard no_grad;
   const c10::cuda::CUDAStream& stream = *d->stream;
   for (auto& e : entries) static_cast<NcclEvent*>(e.ready.get())->Block(stream);
   auto start = std::make_shared<NcclEvent>(device);
@@ -501,8 +505,8 @@ Status NcclBackend::Alltoall(Device& d, const Response& r, Entry& e, at::Tensor*
 }
 
 // One reduce-scatter for the batch: the inputs' parts for each rank are packed
-// together (PlanReducescatter), reduced once, and each entry's output is a view of
-// this rank's part. Uneven parts are padded to the largest for one
+// together (PlanReducescatter), reduced once, and each entry's output is copied out
+// of this rank's part (one multi-tensor copy). Uneven parts are padded to the largest for one
 // ncclReduceScatter when that moves less data over each link of a ring than one
 // ncclReduce per part ((N-1) x the largest part against the total; always on 2
 // ranks); else they go as one reduce per part, rooted at the rank that keeps it.
@@ -545,8 +549,16 @@ Status NcclBackend::Reducescatter(Device& d, const std::vector<Response>& batch,
     if (work.data_ptr() == in0.data_ptr()) work = work.clone();
     Scale(work, fop.pre());
   }
+  // One input, not padded: NCCL writes its output in place. Else the entries'
+  // outputs are copied out of this rank's part, each its own tensor (a view of one
+  // buffer would share its version counter and storage, and autograd refuses
+  // in-place ops on views returned by hvd.reducescatter's Function).
+  const bool direct = entries.size() == 1 && !pad;
+  std::vector<int64_t> shape0 = batch[0].shape;
+  shape0[0] = ReducescatterRows(batch[0], size_)[rank_];
   at::Tensor out_work =
-      at::empty({static_cast<int64_t>(pad ? most : l.counts[rank_])}, work.options());
+      direct ? at::empty(shape0, work.options())
+             : at::empty({static_cast<int64_t>(pad ? most : l.counts[rank_])}, work.options());
   const size_t esize = work.element_size();
   const ncclDataType_t dt = NcclType(work.scalar_type());
   if (l.total == 0) {
@@ -573,12 +585,21 @@ Status NcclBackend::Reducescatter(Device& d, const std::vector<Response>& batch,
   if (out.scalar_type() != fused.scalar_type()) {
     out = fused.scalar_type() == at::kBool ? out.view(at::kBool) : out.to(fused.scalar_type());
   }
+  if (direct) {
+    (*outs)[0] = out;
+    return Status::Ok();
+  }
+  std::vector<at::Tensor> dst, src;
   for (size_t i = 0; i < entries.size(); ++i) {
     std::vector<int64_t> shape = batch[i].shape;
     shape[0] = ReducescatterRows(batch[i], size_)[rank_];
-    (*outs)[i] = out.narrow(0, l.dst_offset[i][rank_] - l.dst_offset[0][rank_], l.elems[i][rank_])
-                     .view(shape);
+    (*outs)[i] = at::empty(shape, entries[i].sub.input.options());
+    if (l.elems[i][rank_] == 0) continue;
+    dst.push_back((*outs)[i].view(-1));
+    src.push_back(
+        out.narrow(0, l.dst_offset[i][rank_] - l.dst_offset[0][rank_], l.elems[i][rank_]));
   }
+  if (!dst.empty()) at::_foreach_copy_(dst, src);
   return Status::Ok();
 }
 

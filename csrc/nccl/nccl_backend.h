@@ -10,7 +10,7 @@
 //   size if larger, and again only when a batch outgrows it; packing is one cat kernel,
 //   unpacking one multi-tensor copy. A fused reduce-scatter packs into a fresh
 //   buffer of the caching allocator (its parts are regrouped by rank), and its
-//   outputs are views of this rank's part. For floating types the prescale and a plain
+//   outputs are copied out of this rank's part with one multi-tensor copy. For floating types the prescale and a plain
 //   Average are folded into NCCL's reduction (a pre-multiplied sum, ncclAvg); a
 //   postscale, and other types' factors, are one kernel over the fused buffer.
 // - Completion: a done event recorded after the op completes the handle at once;
