@@ -13,7 +13,12 @@ see what they see unsharded, and every rank takes the same decision.
 
 The math is the unsharded optimizer's, parameter by parameter: any per-parameter
 torch.optim optimizer gives the same parameters as unsharded training (bitwise:
-same reductions, same update code). ``ShardedStateMixin`` holds the methods that
+same reductions, same update code). With ``reduce_scatter_gradients=True`` each
+gradient is instead reduced to its owner only (a reduce-scatter; a rank keeps its own
+parameters' gradients, the others' are None after synchronize()): GradScaler is kept
+in step by making a non-finite gradient on any rank visible on every rank,
+``clip_grad_norm_`` combines the ranks' norms, and the result matches unsharded
+training within float rounding (the sums run in another order). ``ShardedStateMixin`` holds the methods that
 replace or extend ``_DistributedOptimizer``'s; the elastic handler that keeps a
 replica of each shard is ``ShardedOptimizerStateHandler`` in elastic/state.py.
 """
@@ -189,13 +194,14 @@ class ShardedStateMixin:
         if not self._scatter or shard is None or shard.size == 1:
             return torch.nn.utils.clip_grad_norm_(self._all_params(), max_norm, norm_type)
         norm_type = float(norm_type)
-        params = [shard.params[i] for i in shard.owned if shard.params[i].grad is not None]
+        grads = [shard.params[i].grad for i in shard.owned if shard.params[i].grad is not None]
         device = shard.params[0].device
-        if params:
-            local = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type)
-            local = local.to(device=device, dtype=torch.float32)
-        else:
-            local = torch.zeros((), device=device, dtype=torch.float32)
+        dense = [g for g in grads if not g.is_sparse]
+        norms = [n.float() for n in torch._foreach_norm(dense, norm_type)] if dense else []
+        norms += [torch.linalg.vector_norm(g.coalesce()._values(), norm_type).float()
+                  for g in grads if g.is_sparse]
+        local = (torch.linalg.vector_norm(torch.stack(norms), norm_type) if norms
+                 else torch.zeros((), device=device, dtype=torch.float32))
         inf = norm_type == float("inf")
         part = local if inf else local.pow(norm_type)
         total = synchronize(allreduce_async(part.reshape(1), name="sharded.grad_norm",
@@ -203,8 +209,15 @@ class ShardedStateMixin:
                                             process_set=self._process_set))[0]
         if not inf:
             total = total.pow(1.0 / norm_type)
-        if params:
-            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        coef = (max_norm / (total + 1e-6)).clamp(max=1.0)  # as torch's clip_grad_norm_
+        by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
+        for g in dense:
+            by_dtype.setdefault(g.dtype, []).append(g)
+        for dtype, group in by_dtype.items():
+            torch._foreach_mul_(group, coef.to(dtype))
+        for g in grads:
+            if g.is_sparse:
+                g.mul_(coef.to(g.dtype))
         return total
 
     # -- reduce-scattered gradients (reduce_scatter_gradients=True) -------------------
@@ -274,21 +287,25 @@ class ShardedStateMixin:
         first owned gradient too, so that GradScaler (or any check of the gradients a
         rank holds) skips the step on every rank alike: one multi-tensor check per
         dtype and one small allreduce, without waiting for the device."""
-        grads = [shard.params[i].grad for i in shard.owned
-                 if shard.params[i].grad is not None and not shard.params[i].grad.is_sparse
-                 and shard.params[i].grad.is_floating_point()]
+        values = []  # the owned gradients (a sparse one's values), as GradScaler sees them
+        for i in shard.owned:
+            g = shard.params[i].grad
+            if g is not None and g.is_floating_point():
+                v = g._values() if g.is_sparse else g
+                if v.numel():
+                    values.append(v)
         device = shard.params[0].device
         found = torch.zeros(1, dtype=torch.float32, device=device)
         one = torch.ones(1, dtype=torch.float32, device=device)
         by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
-        for g in grads:
-            by_dtype.setdefault(g.dtype, []).append(g)
+        for v in values:
+            by_dtype.setdefault(v.dtype, []).append(v)
         for group in by_dtype.values():
             torch._amp_foreach_non_finite_check_and_unscale_(group, found, one)
         found = synchronize(allreduce_async(found, name="sharded.non_finite", op=Max,
                                             process_set=self._process_set))
-        if grads:
-            first = grads[0].view(-1)[:1]
+        if values:
+            first = values[0].view(-1)[:1]
             first.copy_(torch.where(found > 0, torch.full_like(first, float("nan")), first))
 
     # -- state dicts ---------------------------------------------------------

@@ -288,3 +288,33 @@ def synchronize_then_step(extra="rs"):
     for (name, p), q in zip(plain.model.named_parameters(), sharded.model.parameters()):
         assert torch.allclose(p, q, rtol=1e-5, atol=1e-6), (name, (p - q).abs().max())
     hvd.shutdown()
+
+
+def amp_overflow_sparse():
+    """reduce_scatter_gradients with a sparse embedding gradient (allreduced, then kept
+    by its owner only) that overflows on one rank: GradScaler skips the step and backs
+    off on every rank, whichever rank owns the embedding."""
+    hvd.init()
+    r = hvd.rank()
+    torch.manual_seed(0)
+    emb, head = nn.Embedding(10, 4, sparse=True), nn.Linear(4, 1)
+    params = list(emb.parameters()) + list(head.parameters())
+    named = [("emb.weight", emb.weight), ("head.weight", head.weight), ("head.bias", head.bias)]
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.1), named_parameters=named,
+                                   shard_optimizer_state=2, reduce_scatter_gradients=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    overflow = [False]
+    emb.weight.register_hook(lambda g: g * float("inf") if (overflow[0] and r == 1) else g)
+    for step in range(3):
+        overflow[0] = step == 1
+        opt.zero_grad()
+        loss = head(emb(torch.tensor([step % 10, (step + 3) % 10]))).sum()
+        scaler.scale(loss).backward()
+        opt.synchronize()
+        scaler.unscale_(opt)
+        with opt.skip_synchronize():
+            scaler.step(opt)
+        scaler.update()
+    scales = hvd.allgather(torch.tensor([scaler.get_scale()]), name="scales")
+    assert torch.equal(scales, torch.full_like(scales, 512.0)), scales
+    hvd.shutdown()

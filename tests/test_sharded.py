@@ -41,6 +41,10 @@ def test_a_gradient_overflow_skips_the_step_on_every_rank(stage, extra):
     run_workers("tests.sharded_workers:amp_overflow", 2, args=[stage, extra], timeout=90)
 
 
+def test_a_sparse_gradient_overflow_skips_the_step_on_every_rank():
+    run_workers("tests.sharded_workers:amp_overflow_sparse", 2, timeout=60)
+
+
 def test_synchronize_then_step_reduces_once():
     run_workers("tests.sharded_workers:synchronize_then_step", 2, timeout=90)
 

@@ -19,7 +19,9 @@ namespace hvd {
 // runtime. With `owners` (a sharded optimizer's reduce_scatter_gradients: the rank
 // of the process set that owns each parameter) it submits instead a reduce-scatter
 // whose splits give the whole gradient to its owner, and a rank that does not own
-// the parameter drops its .grad at once (the runtime keeps the tensor until sent). With
+// the parameter drops its .grad at once (the runtime keeps the tensor until sent);
+// a fp16/bf16 wire dtype is then cast here, on the GPU too (only allreduce casts
+// while packing). With
 // Compression.fp16/bf16 a CUDA gradient goes with its wire dtype, and the GPU backend casts while
 // it packs and unpacks; a CPU one is cast here first. It runs on the autograd thread without Python
 // or the GIL, so a backward pass bound by the CPU that launches its kernels is not slowed by a
