@@ -62,6 +62,9 @@ class _Trainer:
             loss = ((self.model(x) - y) ** 2).mean() / passes
             (self.scaler.scale(loss) if self.scaler else loss).backward()
         self.opt.synchronize()
+        # what synchronize() left in .grad (reduce_scatter_gradients: the owned only)
+        self.held = [i for i, p in enumerate(self.opt._all_params()) if p.grad is not None] \
+            if hasattr(self.opt, "_all_params") else None
         if self.scaler:
             self.scaler.unscale_(self.opt)
         norm = None
@@ -104,6 +107,7 @@ def exactness(opt_name="adamw", stage="1", extra="none", device="cpu"):
             assert sharded.opt._native is not None or not hvd._C.native_grad_hooks()
             held = [i for i, p in enumerate(shard.params) if p.grad is not None]
             assert held == shard.owned, (step, held, shard.owned)
+            assert sharded.held == shard.owned, (step, sharded.held, shard.owned)
     for (name, p), q in zip(plain.model.named_parameters(), sharded.model.parameters()):
         assert same(p, q), (name, (p - q).abs().max())
     # each rank holds state for its own parameters only; together, all of it
