@@ -18,9 +18,11 @@ gradient is instead reduced to its owner only (a reduce-scatter; a rank keeps it
 parameters' gradients, the others' are None after synchronize()): GradScaler is kept
 in step by making a non-finite gradient on any rank visible on every rank,
 ``clip_grad_norm_`` combines the ranks' norms, and the result matches unsharded
-training within float rounding (the sums run in another order). ``ShardedStateMixin`` holds the methods that
-replace or extend ``_DistributedOptimizer``'s; the elastic handler that keeps a
-replica of each shard is ``ShardedOptimizerStateHandler`` in elastic/state.py.
+training within float rounding (the sums run in another order).
+
+``ShardedStateMixin`` holds the methods that replace or extend
+``_DistributedOptimizer``'s; the elastic handler that keeps a replica of each shard is
+``ShardedOptimizerStateHandler`` in elastic/state.py.
 """
 import copy
 from typing import Any, Dict, List, Optional, Tuple
@@ -29,8 +31,8 @@ import torch
 
 from horovod_torch import basics
 from horovod_torch.basics import Max, Sum
-from horovod_torch.ops import (_ps_id, _set_rank, _set_size, allreduce_async, grouped_allgather_async,
-                               reducescatter_async, synchronize)
+from horovod_torch.ops import (_ps_id, _set_rank, _set_size, allreduce_async,
+                               grouped_allgather_async, reducescatter_async, synchronize)
 from horovod_torch.optimizer import _DistributedOptimizer
 
 
