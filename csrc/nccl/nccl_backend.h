@@ -10,9 +10,9 @@
 //   size if larger, and again only when a batch outgrows it; packing is one cat kernel,
 //   unpacking one multi-tensor copy. A fused reduce-scatter packs into a fresh
 //   buffer of the caching allocator (its parts are regrouped by rank), and its
-//   outputs are copied out of this rank's part with one multi-tensor copy. For floating types the prescale and a plain
-//   Average are folded into NCCL's reduction (a pre-multiplied sum, ncclAvg); a
-//   postscale, and other types' factors, are one kernel over the fused buffer.
+//   outputs are copied out of this rank's part with one multi-tensor copy. For floating types the
+//   prescale and a plain Average are folded into NCCL's reduction (a pre-multiplied sum, ncclAvg);
+//   a postscale, and other types' factors, are one kernel over the fused buffer.
 // - Completion: a done event recorded after the op completes the handle at once;
 //   synchronize() makes the caller's stream wait on it. The background loop never
 //   waits for the GPU; it only asks Busy() (is the oldest unfinished op moving
