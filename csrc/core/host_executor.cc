@@ -94,6 +94,7 @@ Status HostExecutor::Reducescatter(const std::vector<Response>& batch,
   for (size_t i = 0; i < entries.size(); ++i) {
     const char* in = static_cast<const char*>(entries[i].sub.input.data_ptr());
     for (int p = 0; p < size; ++p) {
+      if (l.elems[i][p] == 0) continue;  // (an empty tensor's data may be null)
       std::memcpy(buf + l.dst_offset[i][p] * esize, in + l.src_offset[i][p] * esize,
                   static_cast<size_t>(l.elems[i][p]) * esize);
     }
@@ -108,8 +109,10 @@ Status HostExecutor::Reducescatter(const std::vector<Response>& batch,
     std::vector<int64_t> shape = batch[i].shape;
     shape[0] = ReducescatterRows(batch[i], size)[me];
     at::Tensor o = at::empty(shape, e.sub.input.options());
-    std::memcpy(o.data_ptr(), out + (l.dst_offset[i][me] - l.dst_offset[0][me]) * esize,
-                static_cast<size_t>(l.elems[i][me]) * esize);
+    if (l.elems[i][me] > 0) {
+      std::memcpy(o.data_ptr(), out + (l.dst_offset[i][me] - l.dst_offset[0][me]) * esize,
+                  static_cast<size_t>(l.elems[i][me]) * esize);
+    }
     e.handle->Complete(Status::Ok(), o);
   }
   return Status::Ok();
