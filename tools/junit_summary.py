@@ -2,7 +2,10 @@
 
     python tools/junit_summary.py OUT/*.xml                 one line per test, then counts
     python tools/junit_summary.py --compare PEER_DIR OUR_DIR  tests that pass on the peer
-                                                             and not on ours
+                                                             and not on ours, and tests that
+                                                             took over twice the peer's time
+    python tools/junit_summary.py --table PEER_DIR OUR_DIR    the same as a Markdown table,
+                                                             one row per test (docs/compat.md)
 """
 import collections
 import glob
@@ -11,8 +14,18 @@ import sys
 import xml.etree.ElementTree as ET
 
 
+# Below this many seconds of difference a test is not called slower than the peer's:
+# pytest's own per-test overhead and process-level noise are of that order.
+SLOWER_FLOOR_S = 1.0
+
+
 def results(path):
     """{test name: 'passed' | 'failed' | 'error' | 'skipped'} of one junit file."""
+    return {name: state for name, (state, _) in timed_results(path).items()}
+
+
+def timed_results(path):
+    """{test name: (state, seconds)} of one junit file."""
     out = {}
     for case in ET.parse(path).getroot().iter("testcase"):
         name = case.get("name")
@@ -22,7 +35,7 @@ def results(path):
         for child in case:
             if child.tag in ("failure", "error", "skipped"):
                 state = {"failure": "failed"}.get(child.tag, child.tag)
-        out[name] = state
+        out[name] = (state, float(case.get("time") or 0.0))
     return out
 
 
@@ -41,23 +54,56 @@ def summary(paths):
                                            ("passed", "failed", "error", "skipped")))
 
 
-def compare(peer_dir, our_dir):
-    """Exit 1 if a test passes on the peer and not on ours (same junit file name)."""
-    worse = 0
+def pairs(peer_dir, our_dir):
+    """(file tag, {test: (peer state, peer s)}, {test: (our state, our s)}) per peer file."""
     for peer in sorted(glob.glob(os.path.join(peer_dir, "*.xml"))):
         ours = os.path.join(our_dir, os.path.basename(peer))
-        theirs = results(peer)
-        mine = results(ours) if os.path.exists(ours) else {}
-        for name, state in sorted(theirs.items()):
-            if state == "passed" and mine.get(name) != "passed":
-                print(f"{tag(peer)}  {name}  peer passed, ours {mine.get(name, 'missing')}")
+        yield (tag(peer), timed_results(peer),
+               timed_results(ours) if os.path.exists(ours) else {})
+
+
+def slower(peer_s, our_s):
+    return our_s > 2 * peer_s and our_s - peer_s > SLOWER_FLOOR_S
+
+
+def compare(peer_dir, our_dir):
+    """Exit 1 if a test passes on the peer and not on ours (same junit file name), or
+    passes on both and took ours over twice the peer's time (and SLOWER_FLOOR_S more)."""
+    worse = 0
+    for name_, theirs, mine in pairs(peer_dir, our_dir):
+        total_p = total_o = 0.0
+        for name, (state, secs) in sorted(theirs.items()):
+            our_state, our_secs = mine.get(name, ("missing", 0.0))
+            total_p, total_o = total_p + secs, total_o + our_secs
+            if state == "passed" and our_state != "passed":
+                print(f"{name_}  {name}  peer passed, ours {our_state}")
                 worse += 1
-        print(f"{tag(peer)}: peer {sum(s == 'passed' for s in theirs.values())} passed, "
-              f"ours {sum(s == 'passed' for s in mine.values())} passed")
+            elif state == our_state == "passed" and slower(secs, our_secs):
+                print(f"{name_}  {name}  ours took {our_secs:.2f} s, peer {secs:.2f} s")
+                worse += 1
+        for name in sorted(set(mine) - set(theirs)):
+            print(f"{name_}  {name}  not run on the peer (ours {mine[name][0]})")
+        print(f"{name_}: peer {sum(s == 'passed' for s, _ in theirs.values())} passed "
+              f"in {total_p:.0f} s, ours {sum(s == 'passed' for s, _ in mine.values())} "
+              f"passed in {total_o:.0f} s")
     return 1 if worse else 0
+
+
+def table(peer_dir, our_dir):
+    """Markdown: one row per test of each file, the peer's state and time beside ours."""
+    for name_, theirs, mine in pairs(peer_dir, our_dir):
+        print(f"\n`{name_}`\n")
+        print("| test | upstream | s | ours | s |")
+        print("| --- | --- | ---: | --- | ---: |")
+        for name in sorted(set(theirs) | set(mine)):
+            ps, pt = theirs.get(name, ("missing", 0.0))
+            os_, ot = mine.get(name, ("missing", 0.0))
+            print(f"| {name.split('::')[-1]} | {ps} | {pt:.2f} | {os_} | {ot:.2f} |")
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--compare":
         sys.exit(compare(sys.argv[2], sys.argv[3]))
+    if len(sys.argv) == 4 and sys.argv[1] == "--table":
+        sys.exit(table(sys.argv[2], sys.argv[3]))
     summary(sys.argv[1:])

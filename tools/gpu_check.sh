@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The routine for a change to the GPU path (csrc/nccl, csrc/core, the GPU side of the
+# Python layer): on a machine with 2+ CUDA GPUs, build this checkout, run our GPU tests
+# and upstream Horovod's suite on the GPUs against it, and print a short summary. CI has
+# no GPU; the summary goes into the closing note.
+#
+#   tools/gpu_check.sh                      build, tests/test_gpu.py, upstream's suite (NP 2
+#                                           and, with 4 GPUs, 4), compared with PEER_RESULTS
+#
+# Knobs (environment):
+#   GPU_CHECK_STEPS   which steps, in order (default "build ours upstream"):
+#                       build     pip install this checkout (--no-build-isolation, MAX_JOBS=nproc)
+#                       ours      pytest -m gpu tests/test_gpu.py (GPU_CHECK_K: a -k filter)
+#                       upstream  tools/upstream_tests.sh --gpu against ours
+#                       peer      build upstream 0.28.1 with PEER_BUILD (its own venv) and run
+#                                 the same suite against it, into PEER_RESULTS
+#   GPU_CHECK_NP      rank counts for the upstream suite (default: 2, and 4 with 4 GPUs)
+#   GPU_CHECK_DEADLINE seconds for the whole routine (default 560); each step gets what is left
+#   HOROVOD_UPSTREAM  upstream's tests (default .carry/upstream: a folder holding test/)
+#   PEER_BUILD        the peer build script (default .carry/peer/horovod_gpu_build.sh, a copy
+#                     of ../shared/peer/horovod_gpu_build.sh, with its files in .carry/peer)
+#   PEER_RESULTS      the peer's junit files (default .carry/peer-results: kept between runs,
+#                     so upstream's suite runs once per machine type)
+#   WHEELS            a folder of wheels to install first (default .carry/whl: mock)
+# Everything lands in GPU_CHECK_OUT (default /tmp/gpu_check), and, on the lent machine, in
+# $OUT/<that folder's name>.tgz, refreshed every 20 s so that a run cut off still returns its logs.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+T0=$SECONDS
+DEADLINE=${GPU_CHECK_DEADLINE:-560}
+STEPS=${GPU_CHECK_STEPS:-build ours upstream}
+RES=${GPU_CHECK_OUT:-/tmp/gpu_check}
+export HOROVOD_UPSTREAM=${HOROVOD_UPSTREAM:-$PWD/.carry/upstream}
+PEER_BUILD=${PEER_BUILD:-$PWD/.carry/peer/horovod_gpu_build.sh}
+PEER_RESULTS=${PEER_RESULTS:-$PWD/.carry/peer-results}
+WHEELS=${WHEELS:-$PWD/.carry/whl}
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+mkdir -p "$RES"
+say() { printf '[gpu_check %4ds] %s\n' "$((SECONDS - T0))" "$*" | tee -a "$RES/summary.txt"; }
+left() { echo $((DEADLINE - (SECONDS - T0))); }
+
+if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
+  TGZ="$OUT/$(basename "$RES").tgz"
+  pack() { tar czf "$TGZ.part" -C "$(dirname "$RES")" "$(basename "$RES")" 2>/dev/null && mv "$TGZ.part" "$TGZ"; }
+  (while sleep 20; do pack; done) &
+  PACKER=$!
+  trap 'kill $PACKER 2>/dev/null; pack' EXIT
+fi
+
+ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+NPS=${GPU_CHECK_NP:-2 $([ "$ngpu" -ge 4 ] && echo 4)}
+say "$(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | xargs); torch $(python3 -c 'import torch; print(torch.__version__, torch.cuda.nccl.version())'); steps: $STEPS; NP: $NPS"
+if [ -d "$WHEELS" ]; then python3 -m pip install -q --no-index --no-deps "$WHEELS"/*.whl; fi
+
+for step in $STEPS; do
+  case $step in
+    build)
+      say "build: pip install . (log: $RES/build.log)"
+      if ! MAX_JOBS=$(nproc) timeout "$(left)" python3 -m pip install --no-deps --no-build-isolation \
+           -v . >"$RES/build.log" 2>&1; then
+        tail -30 "$RES/build.log"; say "build FAILED"; exit 1
+      fi
+      (cd /tmp && python3 -c 'import horovod_torch as h; print("built:", h.__file__, "nccl", h.nccl_built())') \
+        | tee -a "$RES/summary.txt"
+      ;;
+    ours)
+      say "ours: pytest -m gpu tests/test_gpu.py (log: $RES/test_gpu.log)"
+      timeout -k 10 "$(left)" python3 -m pytest -v -rfE -p no:cacheprovider -m gpu tests/test_gpu.py \
+        ${GPU_CHECK_K:+-k "$GPU_CHECK_K"} --junitxml="$RES/test_gpu.xml" >"$RES/test_gpu.log" 2>&1
+      say "ours: exit $? -- $(tail -1 "$RES/test_gpu.log")"
+      grep -E '^(FAILED|ERROR)' "$RES/test_gpu.log" | tee -a "$RES/summary.txt"
+      ;;
+    upstream)
+      say "upstream's suite against ours, NP $NPS"
+      UPSTREAM_OUT="$RES/ours" UPSTREAM_TIMEOUT=$(( $(left) / $(echo $NPS | wc -w) - 15 )) \
+        UPSTREAM_TEST_TIMEOUT=${UPSTREAM_TEST_TIMEOUT:-60} tools/upstream_tests.sh --gpu $NPS \
+        | tee -a "$RES/summary.txt"
+      ;;
+    peer)
+      if (cd /tmp && /tmp/hvdpeer/bin/python -c 'import horovod.torch' 2>/dev/null); then
+        say "peer: upstream already built in /tmp/hvdpeer"
+      else
+        say "peer: building upstream 0.28.1 (log: $RES/peer_build.log)"
+        PEER_CARRY=$(dirname "$PEER_BUILD") PEER_SMOKE=0 JOBS=$(nproc) bash "$PEER_BUILD" \
+          >"$RES/peer_build.log" 2>&1 || { tail -20 "$RES/peer_build.log"; say "peer build FAILED"; exit 1; }
+      fi
+      say "upstream's suite against upstream, NP $NPS"
+      PYTHON=/tmp/hvdpeer/bin/python HOROVODRUN="/tmp/hvdpeer/bin/horovodrun --gloo" \
+        UPSTREAM_OUT="$RES/peer" UPSTREAM_TIMEOUT=$(( $(left) / $(echo $NPS | wc -w) - 15 )) \
+        UPSTREAM_TEST_TIMEOUT=${UPSTREAM_TEST_TIMEOUT:-60} tools/upstream_tests.sh --gpu $NPS \
+        | tee -a "$RES/summary.txt"
+      mkdir -p "$PEER_RESULTS" && cp "$RES"/peer/*.xml "$PEER_RESULTS"/
+      ;;
+    *) say "unknown step $step"; exit 2 ;;
+  esac
+done
+if [ -d "$RES/ours" ] && ls "$PEER_RESULTS"/*.xml >/dev/null 2>&1; then
+  say "ours against upstream (tests that pass there and not here, or take over twice its time):"
+  python3 tools/junit_summary.py --compare "$PEER_RESULTS" "$RES/ours" | tee -a "$RES/summary.txt"
+fi
+say "done"
