@@ -569,6 +569,8 @@ class HorovodAlltoall(torch.autograd.Function):
         ctx.received, ctx.ps = received, process_set
         if splits is None:
             return output
+        if isinstance(splits, torch.Tensor) and received.device != splits.device:
+            received = received.to(splits.device)  # where the caller keeps its splits (Horovod)
         ctx.mark_non_differentiable(received)
         return output, received
 

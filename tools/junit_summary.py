@@ -28,7 +28,7 @@ def timed_results(path):
     """{test name: (state, seconds)} of one junit file."""
     out = {}
     for case in ET.parse(path).getroot().iter("testcase"):
-        name = case.get("name")
+        name = case.get("name") or "(unnamed)"
         if case.get("classname"):
             name = case.get("classname").rsplit(".", 1)[-1] + "::" + name
         state = "passed"

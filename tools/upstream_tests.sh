@@ -14,7 +14,8 @@
 #   horovodrun -np NP pytest test/parallel/test_torch.py          for each NP
 #   horovodrun -np 2  pytest test/parallel/test_adasum_pytorch.py  (NP 2 and 4 with --gpu)
 #   pytest test/single/test_torch_elastic.py                       (CPU mode only)
-# streams pytest's verbose output to OUT/TAG.log (a run cut off still leaves what it did),
+# streams pytest's verbose output and each failure's report (tools/pytest_stream_failures.py)
+# to OUT/TAG.log as they come (a run cut off still leaves what it did and why),
 # and prints one line per test and rank that did not pass, then the counts.
 #
 # Knobs: PYTHON (default python3), HOROVODRUN (default: horovodrun; upstream's is
@@ -55,7 +56,9 @@ export UPSTREAM_K=${UPSTREAM_K:-}  # read by each rank's shell below
 run_parallel() {  # NP FILE TAG
   local np=$1 file=$2 tag=$3 t0=$SECONDS rc
   (cd "$src/test/parallel" && timeout -k 10 "$limit" $HOROVODRUN -np "$np" -H "localhost:$np" \
-     sh -c "exec $PYTHON -u -m pytest -v -rfE -p no:cacheprovider --timeout $per_test \
+     env PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" \
+     sh -c "exec $PYTHON -u -m pytest -v -rfE -p no:cacheprovider -p pytest_stream_failures \
+            --timeout $per_test \
             \${UPSTREAM_K:+-k \"\$UPSTREAM_K\"} \
             --junitxml=$out/$tag.rank\${HOROVOD_RANK:-\${OMPI_COMM_WORLD_RANK:-0}}.xml $file" \
      2>&1 | tee "$out/$tag.log" >/dev/null)

@@ -209,6 +209,13 @@ Status Runtime::Submit(std::vector<Submission> subs,
       r.device = s.input.is_cuda() ? s.input.device().index() : -1;
     }
     HVD_RETURN_IF_ERROR(CheckLocal(s, ranks));
+    // A group is executed as one batch on one device (RuntimeError, as in Horovod).
+    if (r.group_id != 0 && s.input.device() != subs[0].input.device()) {
+      return Status::Mismatch(std::string(OpTypeName(r.type)) + " of '" + r.name +
+                              "': a group's tensors must all be on one device; '" +
+                              subs[0].request.name + "' is on " + subs[0].input.device().str() +
+                              " and '" + r.name + "' on " + s.input.device().str());
+    }
   }
   // Ready events are recorded on the caller's stream, before the op is queued.
   std::vector<std::shared_ptr<GpuEvent>> ready(subs.size());

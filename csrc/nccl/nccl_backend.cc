@@ -72,8 +72,18 @@ class NcclEvent : public GpuEvent {
   NcclEvent(const NcclEvent&) = delete;
   NcclEvent& operator=(const NcclEvent&) = delete;
 
-  void Record(const c10::cuda::CUDAStream& s) { cudaEventRecord(event_, s.stream()); }
-  void Block(const c10::cuda::CUDAStream& s) { cudaStreamWaitEvent(s.stream(), event_, 0); }
+  // With the event's (and the stream's) device current, as torch's CUDAEvent does: the
+  // caller's current device may be another GPU (tensors placed with .cuda(local_rank)
+  // and no torch.cuda.set_device), and once that GPU's context exists, recording there
+  // fails with "invalid resource handle" and the op's peers wait for it forever.
+  void Record(const c10::cuda::CUDAStream& s) {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    cudaEventRecord(event_, s.stream());
+  }
+  void Block(const c10::cuda::CUDAStream& s) {
+    c10::cuda::CUDAGuard guard(s.device_index());
+    cudaStreamWaitEvent(s.stream(), event_, 0);
+  }
   bool Ready() override { return cudaEventQuery(event_) == cudaSuccess; }
   void BlockCurrentStream(const at::Tensor& result, bool wait) override {
     auto stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_));
@@ -147,6 +157,21 @@ int64_t RowBytes(const at::Tensor& t) {
   return n;
 }
 
+// A user's prescale or postscale factor as a GPU tensor of type t is scaled by: in
+// t itself for 16-bit floats (as Horovod's CUDA kernels and upstream's tests do:
+// factor.type(dtype) * tensor), else unchanged (float32 rounds it in the kernel, and
+// integers are scaled in double).
+double FactorIn(at::ScalarType t, double f) {
+  switch (t) {
+    case at::kHalf:
+      return static_cast<double>(static_cast<float>(c10::Half(static_cast<float>(f))));
+    case at::kBFloat16:
+      return static_cast<double>(static_cast<float>(c10::BFloat16(static_cast<float>(f))));
+    default:
+      return f;
+  }
+}
+
 // The NCCL op of one reduction, with as much of the scaling folded into it as
 // keeps the user's split between before and after the sum. For a floating-point
 // Sum or Average, the prescale multiplies each rank's input inside NCCL's
@@ -157,7 +182,8 @@ int64_t RowBytes(const at::Tensor& t) {
 class FoldedOp {
  public:
   FoldedOp(const Response& r, at::ScalarType t, ncclComm_t comm, int size) : comm_(comm) {
-    const FoldedReduction f = FoldAverage(r.op, r.prescale, r.postscale, size);
+    const FoldedReduction f =
+        FoldAverage(r.op, FactorIn(t, r.prescale), FactorIn(t, r.postscale), size);
     op_ = NcclOp(f.op, t == at::kBool);
     pre_ = f.pre;
     post_ = f.post;
