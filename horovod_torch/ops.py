@@ -711,8 +711,14 @@ def barrier(process_set=global_process_set) -> None:
 def join(device: int = -1) -> int:
     """Tells the other ranks this one has no more data. Until every rank has joined,
     this rank takes part in the others' allreduces with zeros (other collectives
-    fail while ranks have joined). Returns the rank that joined last."""
-    out = synchronize(_submit(_C.OP_JOIN, [], [], ["join"])[0])
+    fail while ranks have joined); the zeros of CUDA allreduces go on CUDA device
+    `device` (default: that of this rank's last CUDA op). Returns the rank that
+    joined last."""
+    if isinstance(device, torch.device):
+        device = -1 if device.index is None else device.index
+    if isinstance(device, bool) or not isinstance(device, int) or device < -1:
+        raise ValueError(f"join(device=...) takes a CUDA device index or -1; got {device!r}")
+    out = synchronize(_submit(_C.OP_JOIN, [], [], ["join"], root=device)[0])
     return int(out[0])
 
 

@@ -92,3 +92,17 @@ def test_nccl_with_the_mpi_controller():
 def test_sharded_optimizer_exactness_on_gpu(opt, stage, extra):
     run_workers("tests.sharded_workers:exactness", 2, args=[opt, stage, extra, "cuda"],
                 env=GPU_ENV, timeout=240)
+
+
+# What upstream Horovod's suite found on GPUs (docs/compat.md): tensors placed with
+# .cuda(local_rank) while the current device is GPU 0, as upstream's tests do.
+@pytest.mark.parametrize("worker", ["foreign_current_device", "alltoall_splits_on_gpu",
+                                    "grouped_mixed_devices", "half_scaling"])
+def test_upstream_gpu_findings(worker):
+    run_workers(f"tests.gpu_conformance_workers:{worker}", 2, env=GPU_ENV, timeout=120)
+
+
+@pytest.mark.parametrize("pass_device", ["1", "0"])
+def test_join_with_cuda_allreduces(pass_device):
+    run_workers("tests.gpu_conformance_workers:join_on_gpu", 2, args=[pass_device],
+                env=GPU_ENV, timeout=120)

@@ -9,7 +9,8 @@
 #
 # Knobs (environment):
 #   GPU_CHECK_STEPS   which steps, in order (default "build ours upstream"):
-#                       build     pip install this checkout (--no-build-isolation, MAX_JOBS=nproc)
+#                       build     the extension in place, the checkout installed editable
+#                                 (as make build; MAX_JOBS=nproc)
 #                       ours      pytest -m gpu tests/test_gpu.py (GPU_CHECK_K: a -k filter)
 #                       upstream  tools/upstream_tests.sh --gpu against ours
 #                       peer      build upstream 0.28.1 with PEER_BUILD (its own venv) and run
@@ -55,9 +56,13 @@ if [ -d "$WHEELS" ]; then python3 -m pip install -q --no-index --no-deps "$WHEEL
 for step in $STEPS; do
   case $step in
     build)
-      say "build: pip install . (log: $RES/build.log)"
-      if ! MAX_JOBS=$(nproc) timeout "$(left)" python3 -m pip install --no-deps --no-build-isolation \
-           -v . >"$RES/build.log" 2>&1; then
+      # As `make build` does: the extension built in place and the checkout installed
+      # editable, so that our tests (which import the checkout) and upstream's suite
+      # (which imports the installed package) run the same build.
+      say "build: setup.py build_ext --inplace, pip install -e . (log: $RES/build.log)"
+      if ! { HOROVOD_TORCH_SKIP_EXT=1 python3 -m pip install --no-deps --no-build-isolation -e . &&
+             MAX_JOBS=$(nproc) timeout "$(left)" python3 setup.py build_ext --inplace; } \
+           >"$RES/build.log" 2>&1; then
         tail -30 "$RES/build.log"; say "build FAILED"; exit 1
       fi
       (cd /tmp && python3 -c 'import horovod_torch as h; print("built:", h.__file__, "nccl", h.nccl_built())') \

@@ -21,6 +21,9 @@ struct Submission {
   // gradient hooks): the dtype it is sent and reduced in. The request carries it;
   // the GPU backend casts while packing and back while unpacking.
   c10::optional<at::ScalarType> wire;
+  // Join only: the CUDA device this rank's zeros go on while it has joined (hvd.join's
+  // `device`; -1: the device of its last CUDA op).
+  int32_t join_device = -1;
 };
 
 struct Entry {

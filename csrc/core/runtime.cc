@@ -347,7 +347,15 @@ Entry Runtime::JoinedEntry(const Response& r) {
                                           at::kLong,   at::kHalf, at::kBFloat16, at::kFloat,
                                           at::kDouble, at::kBool};
   auto options = at::TensorOptions().dtype(kTypes[static_cast<int>(r.dtype)]);
-  if (r.on_gpu) options = options.device(at::kCUDA);  // the current CUDA device
+  if (r.on_gpu) {
+    int32_t device;
+    {
+      MutexLock lock(mu_);
+      device = join_device_ >= 0 ? join_device_ : last_gpu_device_;
+    }
+    if (device < 0) device = 0;  // no CUDA op from this rank yet: its first GPU
+    options = options.device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device)));
+  }
   Entry e;
   e.sub.request.name = r.name;
   e.sub.input = at::zeros(r.shape, options);

@@ -166,6 +166,11 @@ class Runtime {
   std::map<std::string, std::string> waits_ HVD_GUARDED_BY(mu_);  // name -> caller
   bool shutdown_requested_ HVD_GUARDED_BY(mu_) = false;
   bool joined_ HVD_GUARDED_BY(mu_) = false;  // hvd.join() pending; zeros stand in for ops
+  // The CUDA device of those zeros: hvd.join's, else that of the last CUDA tensor this
+  // rank submitted (never the background thread's current device, which is GPU 0 and
+  // would give this rank a second NCCL communicator that its peers never create).
+  int32_t join_device_ HVD_GUARDED_BY(mu_) = -1;
+  int32_t last_gpu_device_ HVD_GUARDED_BY(mu_) = -1;
   bool stopped_ HVD_GUARDED_BY(mu_) = false;
   Status broken_ HVD_GUARDED_BY(mu_);
   std::vector<TimelineCommand> timeline_commands_ HVD_GUARDED_BY(mu_);

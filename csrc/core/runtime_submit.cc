@@ -240,7 +240,13 @@ Status Runtime::Submit(std::vector<Submission> subs,
         "(hvd.synchronize) or give each concurrent op a unique name");
   }
   handles->clear();
-  for (const auto& s : subs) joined_ = joined_ || s.request.type == OpType::kJoin;
+  for (const auto& s : subs) {
+    if (s.request.type == OpType::kJoin) {
+      joined_ = true;
+      join_device_ = s.join_device;
+    }
+    if (s.input.defined() && s.input.is_cuda()) last_gpu_device_ = s.input.device().index();
+  }
   for (size_t i = 0; i < subs.size(); ++i) {
     auto h = std::make_shared<HandleState>(waiters_, names_, subs[i].request.name);
     handles->push_back(h);

@@ -245,6 +245,10 @@ py::tuple Submit(int type, std::vector<at::Tensor> inputs,
     subs[0].request.root = root;
     subs[0].request.splits = splits;
     subs[0].process_set_id = process_set_id;
+    if (t == OpType::kJoin) {  // join's `root` is hvd.join's device, for this rank only
+      subs[0].join_device = root;
+      subs[0].request.root = 0;
+    }
   }
   std::vector<std::shared_ptr<HandleState>> states;
   Status st = SubmitToRuntime(std::move(subs), &states);
