@@ -99,7 +99,9 @@ def test_sharded_optimizer_exactness_on_gpu(opt, stage, extra):
 @pytest.mark.parametrize("worker", ["foreign_current_device", "alltoall_splits_on_gpu",
                                     "grouped_mixed_devices", "half_scaling"])
 def test_upstream_gpu_findings(worker):
-    run_workers(f"tests.gpu_conformance_workers:{worker}", 2, env=GPU_ENV, timeout=120)
+    # on up to 4 GPUs: 16-bit scaling differed from Horovod's at 4 ranks, not at 2
+    size = min(4, torch.cuda.device_count())
+    run_workers(f"tests.gpu_conformance_workers:{worker}", size, env=GPU_ENV, timeout=120)
 
 
 @pytest.mark.parametrize("pass_device", ["1", "0"])
