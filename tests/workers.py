@@ -281,6 +281,9 @@ def local_errors() -> None:
                   "bool")
     expect_raises(ValueError, lambda: hvd.allgather(torch.tensor(1.0)), "dimension")
     expect_raises(ValueError, lambda: hvd.synchronize(987654), "unknown handle")
+    # hvd.join's device is a CUDA device index (or -1), checked before anything is sent
+    expect_raises(ValueError, lambda: hvd.join("cuda"), "join(device=")
+    expect_raises(ValueError, lambda: hvd.join(-2), "join(device=")
     # The same name twice in flight: rank 1 delays its submission so rank 0's first
     # op is certainly still pending when it submits the second.
     if r == 1:
