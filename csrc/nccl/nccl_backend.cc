@@ -173,12 +173,13 @@ double FactorIn(at::ScalarType t, double f) {
 }
 
 // The NCCL op of one reduction, with as much of the scaling folded into it as
-// keeps the user's split between before and after the sum. For a floating-point
+// keeps the user's split between before and after the sum. For a float32/float64
 // Sum or Average, the prescale multiplies each rank's input inside NCCL's
 // reduction (a pre-multiplied sum made for this op; ncclSum when it is 1), and a
-// plain Average (no factors) is ncclAvg. pre() and post() are what is left for
-// the caller to scale by before and after: a postscale, Average's 1/size after a
-// prescale, or, for other types and ops, both factors.
+// plain Average (no factors) is ncclAvg where 1/size is exact in the type (a
+// rounded 1/3 in bfloat16 would scale the whole result by 1.002). pre() and post() are what is left
+// for the caller to scale by before and after: a postscale, Average's 1/size after a prescale, or,
+// for other types and ops, both factors.
 class FoldedOp {
  public:
   FoldedOp(const Response& r, at::ScalarType t, ncclComm_t comm, int size) : comm_(comm) {
@@ -190,16 +191,16 @@ class FoldedOp {
     const bool sum = f.op == ReduceOp::kSum;
     if (!sum || !at::isFloatingType(t)) return;
     if (r.op == ReduceOp::kAverage && r.prescale == 1.0 && r.postscale == 1.0 &&
-        Exact(t, 1.0 / size)) {
+        FactorIn(t, 1.0 / size) == 1.0 / size) {
       op_ = ncclAvg;  // NCCL multiplies by 1/size in the tensor's type
       post_ = 1.0;
     } else if (pre_ == 1.0) {
       op_ = ncclSum;
-    } else if (t == at::kHalf || t == at::kBFloat16 || !Exact(t, pre_) || !Create(t, pre_)) {
+    } else if (t == at::kHalf || t == at::kBFloat16 || !Create(t, pre_)) {
       // Kernels: for 16-bit types, NCCL's pre-multiplied sum adds each scaled input
       // before rounding it to the type, where Horovod scales (and rounds) first and
-      // then sums: an ulp apart at 4 ranks. Else inexact in the type, an unusual
-      // type, or an error (status()).
+      // then sums: an ulp apart at 4 ranks. Else an unusual type, or an error
+      // (status()).
       return;
     }
     pre_ = 1.0;
@@ -216,20 +217,6 @@ class FoldedOp {
   const Status& status() const { return status_; }
 
  private:
-  // Whether f is the same in the tensor's type. NCCL multiplies by the factor in
-  // that type, so a 16-bit one that rounds (1/3 in bfloat16 is 1.002 of it) would
-  // scale the whole result by a wrong ratio; the mul_ kernel computes in float.
-  static bool Exact(at::ScalarType t, double f) {
-    const float x = static_cast<float>(f);
-    switch (t) {
-      case at::kHalf:
-        return static_cast<double>(static_cast<float>(c10::Half(x))) == f;
-      case at::kBFloat16:
-        return static_cast<double>(static_cast<float>(c10::BFloat16(x))) == f;
-      default:
-        return true;  // float32 rounds 1/size as the mul_ kernel's factor does
-    }
-  }
   // The scalar is read before the call returns (ncclScalarHostImmediate).
   bool Create(at::ScalarType t, double f) {
 #if NCCL_VERSION_CODE < NCCL_VERSION(2, 11, 0)
@@ -239,16 +226,6 @@ class FoldedOp {
 #else
     ncclResult_t res;
     switch (t) {
-      case at::kHalf: {
-        c10::Half v(static_cast<float>(f));
-        res = Make(&v, ncclFloat16);
-        break;
-      }
-      case at::kBFloat16: {
-        c10::BFloat16 v(static_cast<float>(f));
-        res = Make(&v, ncclBfloat16);
-        break;
-      }
       case at::kFloat: {
         float v = static_cast<float>(f);
         res = Make(&v, ncclFloat32);
