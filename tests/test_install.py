@@ -3,6 +3,7 @@
 Each case imports horovod_torch in a fresh interpreter with one thing changed: the
 torch version the extension was built against, or the extension missing.
 """
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +45,32 @@ def test_missing_extension_says_how_to_build_it():
     last = out.stderr.strip().splitlines()[-1]
     assert "C++ extension (horovod_torch._C) is not built" in last, out.stderr
     assert "pip install ." in last
+
+
+def test_unbuilt_source_tree_hiding_the_built_package_is_named(tmp_path):
+    # A source tree first on the path (an example run from a checkout, PYTHONPATH set to
+    # it) whose extension is not built, while a built horovod_torch sits later on the
+    # path: the error names both, not the torch version.
+    import shutil
+    tree = tmp_path / "checkout"
+    shutil.copytree(REPO / "horovod_torch", tree / "horovod_torch",
+                    ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    # An editable install's finder would resolve horovod_torch._C by name to the
+    # checkout's build whatever the package's folder: leave it out, as a plain install.
+    code = ("import sys\n"
+            "sys.meta_path = [f for f in sys.meta_path\n"
+            "                 if 'Editable' not in getattr(f, '__name__', type(f).__name__)]\n"
+            "import horovod_torch\n"
+            "horovod_torch._C\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{REPO}"},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError:"), out.stderr
+    assert f"imported from {tree / 'horovod_torch'}" in last, last
+    assert f"hides the built horovod_torch at {REPO / 'horovod_torch'}" in last, last
+    assert "torch " + torch.__version__ not in last, last
 
 
 def test_matching_build_imports():
