@@ -122,3 +122,21 @@ def test_demo_no_fault(mnist_dir, tmp_path):
     assert "killed" not in s, _explain(proc)
     assert re.fullmatch(r"[\d.]+%", s["test accuracy"]), _explain(proc)
     assert "demo: kept: training finished" in out, _explain(proc)
+
+
+def test_an_unbuilt_checkout_is_not_put_before_an_installed_package(tmp_path):
+    # demo.py puts its checkout first on PYTHONPATH only when its extension is built
+    # there; an unbuilt checkout would hide a pip-installed horovod_torch (#36).
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("hvd_demo", REPO / "examples/elastic/demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    sys.modules["hvd_demo"] = demo  # its dataclasses look their module up there
+    try:
+        spec.loader.exec_module(demo)
+    finally:
+        del sys.modules["hvd_demo"]
+    (tmp_path / "horovod_torch").mkdir()
+    assert demo.python_path({"PYTHONPATH": "/x"}, str(tmp_path)) == "/x"
+    assert demo.python_path({}, str(tmp_path)) == ""
+    (tmp_path / "horovod_torch" / "_C.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
+    assert demo.python_path({"PYTHONPATH": "/x"}, str(tmp_path)) == f"{tmp_path}{os.pathsep}/x"

@@ -14,7 +14,8 @@ What happens (default, fault mode):
              --host-discovery-script examples/elastic/discover_hosts.sh \\
              python examples/elastic/train.py --data-dir DIR --epochs 10
      (horovodrun is started as `python -m horovod_torch.runner`, the same program,
-     with this checkout on PYTHONPATH, so the demo also runs before `pip install`).
+     with this checkout on PYTHONPATH when its extension is built in place (`make build`),
+     so the demo also runs before `pip install`; else the installed package runs).
      Its output goes to our stdout and stderr as it is.
   2. Once training is under way (rank 0 has logged --kill-after progress lines, i.e.
      batch 20 of epoch 1 by default: train.py commits after every batch and logs
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import os
 import re
 import signal
@@ -333,13 +335,23 @@ def stop(proc: "subprocess.Popen[bytes]") -> None:
         proc.wait()
 
 
+def python_path(env: Dict[str, str], repo: str = REPO) -> str:
+    """PYTHONPATH for the job: this checkout first when its extension is built in place,
+    so that `horovod.torch` and horovodrun work without an install; else unchanged, so
+    that an unbuilt checkout never hides an installed horovod_torch."""
+    rest = [p for p in [env.get("PYTHONPATH")] if p]
+    built = glob.glob(os.path.join(repo, "horovod_torch", "_C*.so"))
+    return os.pathsep.join(([repo] if built else []) + rest)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     started = time.monotonic()
     args = parse_args(argv)
     args.data_dir, args.sync_dir = os.path.abspath(args.data_dir), os.path.abspath(args.sync_dir)
     env = dict(os.environ)
-    # This checkout first, so that `horovod.torch` and horovodrun work without an install.
-    env["PYTHONPATH"] = os.pathsep.join([REPO] + [p for p in [env.get("PYTHONPATH")] if p])
+    env["PYTHONPATH"] = python_path(env)
+    if not env["PYTHONPATH"]:
+        del env["PYTHONPATH"]
     env["OCI__SYNC_DIR"] = args.sync_dir
     env["PYTHONUNBUFFERED"] = "1"
     rc = ensure_data(args.python, args.data_dir, env)

@@ -10,10 +10,15 @@ averaged by ``hvd.DistributedOptimizer`` (``--fp16`` compresses them on the wire
 written by rank 0 only.
 """
 import argparse
+import glob
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+# Run from a checkout: use it when its extension is built in place (`make build`); an
+# unbuilt one would hide an installed horovod_torch.
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if glob.glob(os.path.join(_REPO, "horovod_torch", "_C*.so")):
+    sys.path.insert(0, _REPO)
 
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
