@@ -39,6 +39,12 @@ export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 mkdir -p "$RES"
 say() { printf '[gpu_check %4ds] %s\n' "$((SECONDS - T0))" "$*" | tee -a "$RES/summary.txt"; }
 left() { echo $((DEADLINE - (SECONDS - T0))); }
+# Upstream's suite on the GPUs into $RES/$1 (PYTHON and HOROVODRUN pick the project).
+suite() {
+  UPSTREAM_OUT="$RES/$1" UPSTREAM_TIMEOUT=$(( $(left) / $(echo $NPS | wc -w) - 15 )) \
+    UPSTREAM_TEST_TIMEOUT=${UPSTREAM_TEST_TIMEOUT:-60} tools/upstream_tests.sh --gpu $NPS \
+    | tee -a "$RES/summary.txt"
+}
 
 if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
   TGZ="$OUT/$(basename "$RES").tgz"
@@ -77,9 +83,7 @@ for step in $STEPS; do
       ;;
     upstream)
       say "upstream's suite against ours, NP $NPS"
-      UPSTREAM_OUT="$RES/ours" UPSTREAM_TIMEOUT=$(( $(left) / $(echo $NPS | wc -w) - 15 )) \
-        UPSTREAM_TEST_TIMEOUT=${UPSTREAM_TEST_TIMEOUT:-60} tools/upstream_tests.sh --gpu $NPS \
-        | tee -a "$RES/summary.txt"
+      suite ours
       ;;
     peer)
       if (cd /tmp && /tmp/hvdpeer/bin/python -c 'import horovod.torch' 2>/dev/null); then
@@ -90,10 +94,7 @@ for step in $STEPS; do
           >"$RES/peer_build.log" 2>&1 || { tail -20 "$RES/peer_build.log"; say "peer build FAILED"; exit 1; }
       fi
       say "upstream's suite against upstream, NP $NPS"
-      PYTHON=/tmp/hvdpeer/bin/python HOROVODRUN="/tmp/hvdpeer/bin/horovodrun --gloo" \
-        UPSTREAM_OUT="$RES/peer" UPSTREAM_TIMEOUT=$(( $(left) / $(echo $NPS | wc -w) - 15 )) \
-        UPSTREAM_TEST_TIMEOUT=${UPSTREAM_TEST_TIMEOUT:-60} tools/upstream_tests.sh --gpu $NPS \
-        | tee -a "$RES/summary.txt"
+      PYTHON=/tmp/hvdpeer/bin/python HOROVODRUN="/tmp/hvdpeer/bin/horovodrun --gloo" suite peer
       mkdir -p "$PEER_RESULTS" && cp "$RES"/peer/*.xml "$PEER_RESULTS"/
       ;;
     *) say "unknown step $step"; exit 2 ;;

@@ -61,7 +61,7 @@ run_parallel() {  # NP FILE TAG
             --timeout $per_test \
             \${UPSTREAM_K:+-k \"\$UPSTREAM_K\"} \
             --junitxml=$out/$tag.rank\${HOROVOD_RANK:-\${OMPI_COMM_WORLD_RANK:-0}}.xml $file" \
-     2>&1 | tee "$out/$tag.log" >/dev/null)
+     >"$out/$tag.log" 2>&1)
   rc=$?
   echo "upstream_tests: $tag exited $rc in $((SECONDS - t0)) s (log: $out/$tag.log)"
 }
