@@ -32,6 +32,15 @@ Every key, who writes it, who reads it, and its value:
     written by rank 0 at each ``state.commit()``, after the commit's collective
     returned; read by every worker at ``state.sync()``. Value: ``N[ <json>]``: commit
     N, which every worker of the job saved, and the state's integer attributes in it.
+``elastic/<gen>/failed`` (:func:`failed_key`)
+    written by a worker of generation ``<gen>`` when a collective failed there
+    (``HorovodInternalError``: a peer died or stopped answering); read by the driver.
+    Value: the error's message (the last reporter's).
+``elastic/<gen>/left/<id>`` (:func:`left_key`)
+    written by worker ``<id>`` when it leaves generation ``<gen>`` to re-form the job (a
+    failure, or a host update); read by the driver: once ``failed`` is written and no
+    worker of the generation exited, the one live worker that never leaves is stopped or
+    hung (it never exits either), and the driver kills it. Value: ``1``.
 ``elastic/fatal`` (:data:`FATAL_KEY`)
     written by a worker when the job cannot go on (the committed state was lost); read
     by the driver when a worker exits non-zero: it then stops the job (status 1)
@@ -76,3 +85,13 @@ def addr_key(gen: int, rank: int) -> str:
     """``elastic/<gen>/addr/<rank>``: the mesh address rank `rank` of generation `gen`
     published at its init (written by the engine: csrc/transport/tcp_transport.cc)."""
     return f"{rendezvous_prefix(gen)}/addr/{rank}"
+
+
+def failed_key(gen: int) -> str:
+    """``elastic/<gen>/failed``: a collective of generation `gen` failed."""
+    return f"{rendezvous_prefix(gen)}/failed"
+
+
+def left_key(gen: int, worker_id: str) -> str:
+    """``elastic/<gen>/left/<worker_id>``: that worker left generation `gen` to re-form."""
+    return f"{rendezvous_prefix(gen)}/left/{worker_id}"

@@ -1,11 +1,16 @@
 """A small elastic training script used by test_elastic.py (run under horovodrun).
 
 Environment knobs: STEPS, KILL_RANK/KILL_STEP (that rank dies once at that step,
-marker file MARKER), EDIT_STEP/EDIT_FILE/EDIT_TEXT (rank 0 rewrites the discovery
+marker file MARKER; KILL_HOW: exit (status 3, the default), kill (SIGKILL) or stop
+(SIGSTOP: it hangs); with DEVICE=cuda and KILL_INSIDE=1 it does so while the others
+are inside the step's NCCL allreduces: its GPU is kept busy so its share never
+starts), BIG_MB (a parameter of that many MB, gradient 1 everywhere, checked at the
+end against the momentum SGD it must have had), EDIT_STEP/EDIT_FILE/EDIT_TEXT (rank 0 rewrites the discovery
 file at that step, to add or remove hosts), WAIT_STEP/WAIT_SIZE (see
 tests.workers.edit_hosts_and_wait), LATE_INIT_S (a worker started after the
 kill waits that long before hvd.init(), as a slow start would)."""
 import os
+import signal
 import time
 
 import torch
@@ -25,7 +30,11 @@ if os.environ.get("DEVICE") == "cuda":
     torch.cuda.set_device(hvd.local_rank())
     dev = torch.device("cuda", hvd.local_rank())
 model = nn.Linear(8, 1).to(dev)
-opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+BIG = int(os.environ.get("BIG_MB", "0")) * (1 << 18)  # float32 elements
+if BIG:
+    model.big = nn.Parameter(torch.zeros(BIG, device=dev))
+LR, MOMENTUM = 0.05, 0.9
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM),
                                named_parameters=model.named_parameters())
 data = torch.randn(256, 8).to(dev)
 target = data.sum(1, keepdim=True)
@@ -33,6 +42,16 @@ sampler = hvd.elastic.ElasticSampler(list(range(256)), shuffle=True, seed=1)
 state = hvd.elastic.TorchState(model, opt, sampler=sampler, step=0, epoch=0, batch=0)
 resets = []
 reported = []
+KILL_HOW = os.environ.get("KILL_HOW", "exit")
+INSIDE = os.environ.get("KILL_INSIDE") == "1" and dev.type == "cuda"
+
+
+def die():
+    with open(os.environ["MARKER"], "w") as f:
+        f.write(str(time.time()))
+    if KILL_HOW == "exit":
+        os._exit(3)
+    os.kill(os.getpid(), signal.SIGKILL if KILL_HOW == "kill" else signal.SIGSTOP)
 state.register_reset_callbacks([
     lambda: resets.append(hvd.size()),
     lambda: print(f"RESET size={hvd.size()} at={time.time():.3f}", flush=True)])
@@ -47,17 +66,23 @@ def train(state):
             state.batch = 0
             state.sampler.set_epoch(state.epoch)
             continue
-        if (hvd.rank() == int(os.environ.get("KILL_RANK", "-1"))
-                and state.step == int(os.environ.get("KILL_STEP", "-1"))
-                and (os.environ.get("KILL_ALWAYS") or not os.path.exists(os.environ["MARKER"]))):
-            with open(os.environ["MARKER"], "w") as f:
-                f.write(str(time.time()))
-            os._exit(3)
+        dying = (hvd.rank() == int(os.environ.get("KILL_RANK", "-1"))
+                 and state.step == int(os.environ.get("KILL_STEP", "-1"))
+                 and (os.environ.get("KILL_ALWAYS") or not os.path.exists(os.environ["MARKER"])))
+        if dying and not INSIDE:
+            die()
+        if dying:
+            torch.cuda._sleep(100_000_000_000)  # about a minute: its allreduces wait behind it
         edit_hosts_and_wait(state)
         opt.zero_grad()
         loss = ((state.model(data[idx]) - target[idx]) ** 2).mean()
+        if BIG:
+            loss = loss + state.model.big.sum()  # its gradient: 1 everywhere
         loss.backward()
         opt.step()
+        if dying:
+            time.sleep(2)  # the others' kernels of this step's allreduces wait for it
+            die()
         state.sampler.record_batch(state.batch, 8)
         state.batch += 1
         state.step += 1
@@ -70,5 +95,12 @@ train(state)
 w = torch.cat([p.detach().flatten() for p in model.parameters()])
 all_w = hvd.allgather(w.unsqueeze(0), name="final_weights")
 same = all(torch.allclose(all_w[0], all_w[q]) for q in range(hvd.size()))
+if BIG:  # STEPS steps of momentum SGD with gradient 1, none lost or torn by a failure
+    v = p = 0.0
+    for _ in range(STEPS):
+        v = MOMENTUM * v + 1.0
+        p -= LR * v
+    big = model.big.detach()
+    same = same and bool(torch.allclose(big, torch.full_like(big, p), rtol=1e-4))
 print(f"FINAL rank={hvd.rank()} size={hvd.size()} step={state.step} same={same} "
       f"resets={resets}", flush=True)

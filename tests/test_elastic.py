@@ -46,6 +46,28 @@ def test_worker_failure_restores_and_continues(tmp_path):
     assert recovery, out
 
 
+def test_stopped_worker_is_killed_and_the_job_goes_on(tmp_path):
+    """A worker stopped with SIGSTOP never exits: the survivor fails after
+    HOROVOD_TCP_TIMEOUT and reports it, and the driver kills the silent worker, re-forms
+    the job without it, and grows back (before: the survivor waited for a generation
+    that never came until HOROVOD_ELASTIC_TIMEOUT)."""
+    rc, out = _run(tmp_path, "localhost:2", {"KILL_RANK": "1", "KILL_STEP": "15",
+                                             "KILL_HOW": "stop", "HOROVOD_TCP_TIMEOUT": "3",
+                                             "STEPS": "60", "STEP_SLEEP": "0.05",
+                                             "WAIT_STEP": "20", "WAIT_SIZE": "2",
+                                             "HOROVOD_ELASTIC_TIMEOUT": "100"},
+                   ["-np", "2", "--min-np", "1", "--max-np", "2",
+                    "--blacklist-cooldown-range", "1", "2"], timeout=150)
+    assert rc == 0, out
+    assert "stopped or hung; killing it" in out and "lost a peer" in out, out
+    finals = _finals(out)
+    assert finals and all(f["step"] == "60" and f["same"] == "True" for f in finals), out
+    assert any(f["size"] == "2" for f in finals), "the replacement worker did not join:\n" + out
+    recovery = re.findall(r"RECOVERY rank=0 seconds=([\d.]+)", out)
+    print(f"recovery from a worker's SIGSTOP to the next completed step: {recovery} s")
+    assert recovery, out
+
+
 def test_survivor_trains_on_until_the_replacement_reaches_init(tmp_path):
     """The generation that adds a worker is formed once that worker has reached
     hvd.init(): the survivor does not stop to wait while the newcomer starts."""

@@ -1,6 +1,8 @@
 """GPU tests (NCCL data plane). They need 2+ CUDA GPUs and run on the lent GPU
 machine: `pytest -m gpu tests/test_gpu.py`."""
 
+import re
+
 import pytest
 import torch
 
@@ -108,3 +110,44 @@ def test_upstream_gpu_findings(worker):
 def test_join_with_cuda_allreduces(pass_device):
     run_workers("tests.gpu_conformance_workers:join_on_gpu", 2, args=[pass_device],
                 env=GPU_ENV, timeout=120)
+
+
+# A peer that fails while the others are inside a large NCCL allreduce (#32 item 3):
+# the others raise HorovodInternalError within the bound, with no kernel left waiting.
+@pytest.mark.parametrize("how,env,bound", [
+    ("kill", {}, 10),                                # a dead peer: its sockets close
+    ("stop", {"HOROVOD_TCP_TIMEOUT": "10"}, 20),     # a silent one: HOROVOD_TCP_TIMEOUT
+    ("busy", {"HOROVOD_GPU_OP_TIMEOUT": "5"}, 12),   # alive, its GPU never joins
+])
+def test_peer_fails_inside_a_large_nccl_allreduce(how, env, bound):
+    size = min(4, torch.cuda.device_count())
+    results = run_workers("tests.gpu_fault_workers:peer_fails_inside_nccl", size,
+                          args=[how, "1024", str(bound)], env={**GPU_ENV, **env},
+                          timeout=240, expect_ok=False)
+    for r in results[:-1]:
+        assert r.returncode == 0 and f"{how}: HorovodInternalError" in r.output, r.output
+        print(r.output.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_elastic_training_goes_on_after_a_gpu_worker_fails_inside_allreduce(tmp_path, how):
+    """Under hvd.elastic.run the survivors restore the last commit (never one torn by
+    the cut-off allreduce: the BIG_MB parameter is checked against the exact momentum
+    SGD it must have had), go on in the same processes, and grow back."""
+    from tests.test_elastic import _finals, _run
+    size = min(4, torch.cuda.device_count())
+    rc, out = _run(tmp_path, f"localhost:{size}",
+                   {"KILL_RANK": str(size - 1), "KILL_STEP": "15", "KILL_HOW": how,
+                    "KILL_INSIDE": "1", "DEVICE": "cuda", "BIG_MB": "256", "STEPS": "40",
+                    "HOROVOD_TCP_TIMEOUT": "10", "WAIT_STEP": "20", "WAIT_SIZE": str(size),
+                    **GPU_ENV},
+                   ["-np", str(size), "--min-np", "1", "--max-np", str(size),
+                    "--blacklist-cooldown-range", "1", "2"], timeout=300)
+    assert rc == 0, out
+    finals = _finals(out)
+    assert finals and all(f["same"] == "True" and f["step"] == "40" for f in finals), out
+    assert any(f["size"] == str(size) for f in finals), "no regrowth:\n" + out
+    recovery = re.findall(r"RECOVERY rank=0 seconds=([\d.]+)", out)
+    assert recovery, out
+    print(f"{how} at {size} GPUs: recovery from the failure to the next completed step: "
+          f"{recovery[0]} s")

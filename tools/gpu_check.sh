@@ -38,10 +38,11 @@ WHEELS=${WHEELS:-$PWD/.carry/whl}
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 mkdir -p "$RES"
 say() { printf '[gpu_check %4ds] %s\n' "$((SECONDS - T0))" "$*" | tee -a "$RES/summary.txt"; }
-left() { echo $((DEADLINE - (SECONDS - T0))); }
+# Seconds left before the deadline, never under 30 (a step past it still gets a try).
+left() { local l=$((DEADLINE - (SECONDS - T0))); echo $((l > 30 ? l : 30)); }
 # Upstream's suite on the GPUs into $RES/$1 (PYTHON and HOROVODRUN pick the project).
 suite() {
-  UPSTREAM_OUT="$RES/$1" UPSTREAM_TIMEOUT=$(( $(left) / $(echo $NPS | wc -w) - 15 )) \
+  UPSTREAM_OUT="$RES/$1" UPSTREAM_TIMEOUT=$(( $(left) / $(echo $NPS | wc -w) )) \
     UPSTREAM_TEST_TIMEOUT=${UPSTREAM_TEST_TIMEOUT:-60} tools/upstream_tests.sh --gpu $NPS \
     | tee -a "$RES/summary.txt"
 }

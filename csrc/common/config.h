@@ -34,6 +34,11 @@ namespace hvd {
   X(tcp_timeout_s, "HOROVOD_TCP_TIMEOUT", double, 60.0,                                      \
     "Seconds a socket may make no progress during a collective before the peer is "          \
     "declared lost.")                                                                        \
+  X(gpu_op_timeout_s, "HOROVOD_GPU_OP_TIMEOUT", double, 600.0,                               \
+    "Seconds an NCCL collective may run on this rank's GPU without finishing before "        \
+    "its communicator is aborted and the job fails with HorovodInternalError (a peer's "     \
+    "GPU never joined it); 0: no limit. A peer that stops answering is found sooner, "       \
+    "after HOROVOD_TCP_TIMEOUT.")                                                            \
   X(start_timeout_s, "HOROVOD_START_TIMEOUT", double, 30.0,                                  \
     "Seconds init() waits for every rank to reach the rendezvous.")                          \
   X(small_allreduce_bytes, "HOROVOD_SMALL_ALLREDUCE_BYTES", int64_t, 64 * 1024,              \

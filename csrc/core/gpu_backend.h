@@ -31,10 +31,15 @@ class GpuBackend : public Executor {
   virtual bool Busy() = 0;
   // Aborts communicators after a peer was lost, so no GPU work waits forever.
   virtual void Abort() = 0;
+  // A failure of the data plane that no op reported: NCCL's asynchronous error, or
+  // the oldest op still running op_timeout_s after it started (a peer's GPU never
+  // joined it). Cheap enough for every few cycles.
+  virtual Status Check() = 0;
 };
 
-// nullptr when this build has no GPU data plane.
-std::unique_ptr<GpuBackend> CreateGpuBackend(ControlPlane* control, int rank, int size);
+// nullptr when this build has no GPU data plane. op_timeout_s: see Check() (0: none).
+std::unique_ptr<GpuBackend> CreateGpuBackend(ControlPlane* control, int rank, int size,
+                                             double op_timeout_s);
 // NCCL_VERSION_CODE the build used, or 0.
 int NcclVersionBuilt();
 

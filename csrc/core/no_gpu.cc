@@ -3,7 +3,7 @@
 
 namespace hvd {
 
-std::unique_ptr<GpuBackend> CreateGpuBackend(ControlPlane*, int, int) { return nullptr; }
+std::unique_ptr<GpuBackend> CreateGpuBackend(ControlPlane*, int, int, double) { return nullptr; }
 
 int NcclVersionBuilt() { return 0; }
 

@@ -73,7 +73,8 @@ Status Runtime::Create(const WorldInfo& world, const Config& config,
     HVD_RETURN_IF_ERROR(CreateTcpCommunicator(rt->store_.get(), world.prefix, world.rank,
                                               world.size, world.secret, config, &rt->transport_));
   }
-  rt->gpu_ = CreateGpuBackend(rt->transport_.get(), world.rank, world.size);
+  rt->gpu_ = CreateGpuBackend(rt->transport_.get(), world.rank, world.size,
+                              config.gpu_op_timeout_s);
   TunedParams initial{config.fusion_threshold_bytes, config.wake_delay_us,
                       config.cache_capacity > 0};
   rt->controller_ = rt->NewController(rt->transport_.get(), initial);
@@ -188,6 +189,7 @@ void Runtime::Loop() {
   bool busy = false;  // the last cycle ran work
   TunedParams last_params = controller_->params();
   bool last_done = controller_->autotune_done();
+  auto next_gpu_check = std::chrono::steady_clock::now();
   while (true) {
     std::map<int32_t, std::vector<Request>> fresh;
     std::vector<TimelineCommand> timeline_commands;
@@ -240,6 +242,12 @@ void Runtime::Loop() {
       if (st.ok()) st = Execute(ps, responses);
       busy = busy || !responses.empty();
     }
+    if (st.ok() && std::chrono::steady_clock::now() >= next_gpu_check) {
+      next_gpu_check = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+      for (auto& kv : sets_) {
+        if (st.ok() && kv.second->gpu) st = kv.second->gpu->Check();
+      }
+    }
     timeline_.Flush();
     if (!(controller_->params() == last_params) || controller_->autotune_done() != last_done) {
       last_params = controller_->params();
@@ -250,11 +258,14 @@ void Runtime::Loop() {
     }
     if (!st.ok()) {
       HVD_LOG(kError) << "background loop stopped: " << st.message();
+      // The engine is marked failed before the aborts: a GPU kernel that the abort
+      // ends has produced no valid result, and a caller whose wait for the GPU
+      // returns then finds the failure already recorded (hvd.elastic's commit fence).
+      FailAll(Status::Aborted(st.message()));
       transport_->Abort();  // the whole mesh, which process sets share
       for (auto& kv : sets_) {
         if (kv.second->gpu) kv.second->gpu->Abort();
       }
-      FailAll(Status::Aborted(st.message()));
       timeline_.Stop();
       return;
     }

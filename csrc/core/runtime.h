@@ -89,6 +89,14 @@ class Runtime {
     MutexLock lock(mu_);
     return stopped_;
   }
+  // The error that stopped the engine (Ok while it runs or after a clean shutdown).
+  // Recorded before the GPU communicators are aborted: see Loop().
+  Status failure() {
+    MutexLock lock(mu_);
+    return broken_;
+  }
+  // The CUDA devices of the tensors this process submitted (bit d: cuda:d, d < 64).
+  uint64_t gpu_devices() const { return gpu_devices_.load(std::memory_order_relaxed); }
 
   // hvd.start_timeline / stop_timeline: applied by the background thread between
   // cycles; returns once applied. Only the coordinator writes a file.
@@ -158,6 +166,7 @@ class Runtime {
   std::map<int32_t, std::vector<int>> set_ranks_ HVD_GUARDED_BY(mu_);  // registered sets
   std::atomic<bool> has_fresh_{false};                                 // hint for the spinning loop
   std::atomic<bool> gpu_seen_{false};  // a CUDA tensor was submitted
+  std::atomic<uint64_t> gpu_devices_{0};  // gpu_devices()
   // Callers blocked waiting for their ops; shared with their handles.
   const std::shared_ptr<Waiters> waiters_ = std::make_shared<Waiters>();
   // Names of ops whose handles are held; shared with the handles, which release them.

@@ -82,7 +82,8 @@ Status Runtime::ChangeProcessSets(const Response& r, Entry& e) {
     ps->transport = ps->own_transport.get();
     ps->own_controller = NewController(ps->transport, controller_->params());
     ps->controller = ps->own_controller.get();
-    ps->own_gpu = CreateGpuBackend(ps->transport, ps->transport->rank(), ps->transport->size());
+    ps->own_gpu = CreateGpuBackend(ps->transport, ps->transport->rank(), ps->transport->size(),
+                                   config_.gpu_op_timeout_s);
     ps->gpu = ps->own_gpu.get();
     ps->host = NewHostExecutor(ps->transport);
     sets_[id] = std::move(ps);

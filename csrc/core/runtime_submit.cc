@@ -222,6 +222,8 @@ Status Runtime::Submit(std::vector<Submission> subs,
   for (size_t i = 0; i < subs.size(); ++i) {
     if (subs[i].input.defined() && subs[i].input.is_cuda()) {
       gpu_seen_.store(true, std::memory_order_relaxed);  // spin from now on (spin_us())
+      const int device = subs[i].input.device().index();
+      if (device >= 0 && device < 64) gpu_devices_.fetch_or(uint64_t{1} << device);
       ready[i] = gpu_->RecordReady(subs[i].input);
     }
   }

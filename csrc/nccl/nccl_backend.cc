@@ -9,6 +9,8 @@
 #include <cstring>
 #include <mutex>
 #include <numeric>
+#include <stdexcept>
+#include <string>
 #include <unordered_map>
 
 #include "core/fusion.h"
@@ -76,24 +78,37 @@ class NcclEvent : public GpuEvent {
   // caller's current device may be another GPU (tensors placed with .cuda(local_rank)
   // and no torch.cuda.set_device), and once that GPU's context exists, recording there
   // fails with "invalid resource handle" and the op's peers wait for it forever.
-  void Record(const c10::cuda::CUDAStream& s) {
+  // Both return CUDA's error, with what failed, or "" on success.
+  std::string Record(const c10::cuda::CUDAStream& s) {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
-    cudaEventRecord(event_, s.stream());
+    if (event_ == nullptr) return "cudaEventCreate failed on GPU " + std::to_string(device_);
+    return Error("cudaEventRecord", cudaEventRecord(event_, s.stream()));
   }
-  void Block(const c10::cuda::CUDAStream& s) {
+  std::string Block(const c10::cuda::CUDAStream& s) {
     c10::cuda::CUDAGuard guard(s.device_index());
-    cudaStreamWaitEvent(s.stream(), event_, 0);
+    if (event_ == nullptr) return "cudaEventCreate failed on GPU " + std::to_string(device_);
+    return Error("cudaStreamWaitEvent", cudaStreamWaitEvent(s.stream(), event_, 0));
   }
   bool Ready() override { return cudaEventQuery(event_) == cudaSuccess; }
   void BlockCurrentStream(const at::Tensor& result, bool wait) override {
     auto stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_));
-    if (wait) Block(stream);
+    if (wait) {
+      const std::string error = Block(stream);
+      if (!error.empty()) throw std::runtime_error(error);
+    }
     if (result.defined() && result.is_cuda()) {
       c10::cuda::CUDACachingAllocator::recordStream(result.storage().data_ptr(), stream);
     }
   }
 
  private:
+  std::string Error(const char* what, cudaError_t e) const {
+    if (e == cudaSuccess) return "";
+    cudaGetLastError();  // not sticky: the next call must not see it
+    return std::string(what) + " failed on GPU " + std::to_string(device_) + ": " +
+           cudaGetErrorString(e);
+  }
+
   int device_;
   cudaEvent_t event_ = nullptr;
 };
@@ -277,7 +292,7 @@ NcclBackend::~NcclBackend() {
 }
 
 void NcclBackend::DropDone(Device& d) {
-  while (!d.in_flight.empty() && d.in_flight.front().second->Ready()) d.in_flight.pop_front();
+  while (!d.in_flight.empty() && d.in_flight.front().done->Ready()) d.in_flight.pop_front();
 }
 
 bool NcclBackend::Busy() {
@@ -287,7 +302,7 @@ bool NcclBackend::Busy() {
   for (auto& kv : devices_) {
     Device& d = kv.second;
     DropDone(d);
-    if (!d.in_flight.empty() && d.in_flight.front().first->Ready()) return true;
+    if (!d.in_flight.empty() && d.in_flight.front().start->Ready()) return true;
   }
   return false;
 }
@@ -299,10 +314,45 @@ void NcclBackend::Abort() {
   }
 }
 
+Status NcclBackend::Check() {
+  for (auto& kv : devices_) {
+    Device& d = kv.second;
+    if (d.comm == nullptr) continue;
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t got = ncclCommGetAsyncError(d.comm, &async);
+    if (got != ncclSuccess) async = got;
+    if (async != ncclSuccess && async != ncclInProgress) {
+      return Status::Aborted("NCCL reported an asynchronous error on GPU " +
+                             std::to_string(kv.first) + ": " + ncclGetErrorString(async) + " (" +
+                             ncclGetLastError(d.comm) + ")");
+    }
+    DropDone(d);
+    if (d.in_flight.empty() || op_timeout_s_ <= 0) continue;
+    InFlight& op = d.in_flight.front();
+    const auto now = std::chrono::steady_clock::now();
+    if (op.since == std::chrono::steady_clock::time_point{}) {
+      if (op.start->Ready()) op.since = now;  // its inputs are ready: it runs from here
+      continue;
+    }
+    const double secs = std::chrono::duration<double>(now - op.since).count();
+    if (secs > op_timeout_s_) {
+      return Status::Aborted("NCCL collective '" + op.name + "' has run " +
+                             std::to_string(static_cast<int>(secs)) + " s on GPU " +
+                             std::to_string(kv.first) +
+                             " without finishing (HOROVOD_GPU_OP_TIMEOUT=" +
+                             std::to_string(static_cast<int>(op_timeout_s_)) +
+                             "): a peer's GPU never joined it (its process or GPU is stuck, "
+                             "or the inputs it waits for never became ready)");
+    }
+  }
+  return Status::Ok();
+}
+
 std::shared_ptr<GpuEvent> NcclBackend::RecordReady(const at::Tensor& tensor) {
   int device = tensor.device().index();
   auto ev = std::make_shared<NcclEvent>(device);
-  ev->Record(c10::cuda::getCurrentCUDAStream(device));
+  const std::string error = ev->Record(c10::cuda::getCurrentCUDAStream(device));
+  if (!error.empty()) throw std::runtime_error(error);
   return ev;
 }
 
@@ -337,9 +387,13 @@ Status NcclBackend::Execute(const std::vector<Response>& batch, std::vector<Entr
   // (cat_out) refuse that with autograd on, and this thread records no graph.
   c10::NoGradGuard no_grad;
   const c10::cuda::CUDAStream& stream = *d->stream;
-  for (auto& e : entries) static_cast<NcclEvent*>(e.ready.get())->Block(stream);
+  std::string error;
+  for (auto& e : entries) {
+    if (error.empty()) error = static_cast<NcclEvent*>(e.ready.get())->Block(stream);
+  }
   auto start = std::make_shared<NcclEvent>(device);
-  start->Record(stream);
+  if (error.empty()) error = start->Record(stream);
+  if (!error.empty()) return Status::Aborted(error);
   c10::cuda::CUDAStreamGuard stream_guard(stream);
 
   const Response& r = batch[0];
@@ -370,9 +424,10 @@ Status NcclBackend::Execute(const std::vector<Response>& batch, std::vector<Entr
                              " sent to the GPU backend");
   }
   auto done = std::make_shared<NcclEvent>(device);
-  done->Record(stream);
+  error = done->Record(stream);
+  if (!error.empty()) return Status::Aborted(error);
   DropDone(*d);
-  d->in_flight.emplace_back(std::move(start), done);
+  d->in_flight.push_back(InFlight{std::move(start), done, r.name});
   for (size_t i = 0; i < entries.size(); ++i) {
     // Memory used on our stream must not be reused before that work finishes.
     c10::cuda::CUDACachingAllocator::recordStream(entries[i].sub.input.storage().data_ptr(),

@@ -17,6 +17,9 @@
 //   synchronize() makes the caller's stream wait on it. The background loop never
 //   waits for the GPU; it only asks Busy() (is the oldest unfinished op moving
 //   data?) to decide whether new allreduces should gather a while (DESIGN.md §8).
+// - Failure: Check() (every 100 ms from the loop) reports NCCL's asynchronous
+//   error, or an op still running op_timeout_s after it started; the Runtime then
+//   fails the engine and Abort()s the communicators, which ends their kernels.
 //
 // Threading: see core/gpu_backend.h.
 #pragma once
@@ -24,9 +27,11 @@
 #include <c10/cuda/CUDAStream.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <deque>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/gpu_backend.h"
@@ -35,8 +40,8 @@ namespace hvd {
 
 class NcclBackend : public GpuBackend {
  public:
-  NcclBackend(ControlPlane* control, int rank, int size)
-      : control_(control), rank_(rank), size_(size) {}
+  NcclBackend(ControlPlane* control, int rank, int size, double op_timeout_s)
+      : control_(control), rank_(rank), size_(size), op_timeout_s_(op_timeout_s) {}
   ~NcclBackend() override;
 
   std::shared_ptr<GpuEvent> RecordReady(const at::Tensor& tensor) override;
@@ -44,15 +49,22 @@ class NcclBackend : public GpuBackend {
                  size_t fusion_bytes) override;
   bool Busy() override;
   void Abort() override;
+  Status Check() override;
 
  private:
+  // An op on a device's stream not known to be done: an event recorded when it
+  // starts (inputs ready, the ops before it done), one when done.
+  struct InFlight {
+    std::shared_ptr<GpuEvent> start, done;
+    std::string name;
+    // When Check() first saw it started (the default: not yet).
+    std::chrono::steady_clock::time_point since{};
+  };
   struct Device {
     ncclComm_t comm = nullptr;
     c10::optional<c10::cuda::CUDAStream> stream;
     at::Tensor fusion;  // uint8, allocated on the first fused op
-    // Ops on `stream` not known to be done, oldest first: an event recorded
-    // when the op starts (inputs ready, the ops before it done), one when done.
-    std::deque<std::pair<std::shared_ptr<GpuEvent>, std::shared_ptr<GpuEvent>>> in_flight;
+    std::deque<InFlight> in_flight;  // oldest first
   };
   Status Ensure(int device, Device** out);
   static void DropDone(Device& d);
@@ -69,6 +81,7 @@ class NcclBackend : public GpuBackend {
   ControlPlane* control_;  // borrowed from the Runtime
   int rank_;
   int size_;
+  double op_timeout_s_;
   std::map<int, Device> devices_;  // background thread only
 };
 

@@ -3,8 +3,9 @@
 
 namespace hvd {
 
-std::unique_ptr<GpuBackend> CreateGpuBackend(ControlPlane* control, int rank, int size) {
-  return std::make_unique<NcclBackend>(control, rank, size);
+std::unique_ptr<GpuBackend> CreateGpuBackend(ControlPlane* control, int rank, int size,
+                                             double op_timeout_s) {
+  return std::make_unique<NcclBackend>(control, rank, size, op_timeout_s);
 }
 
 int NcclVersionBuilt() { return NCCL_VERSION_CODE; }

@@ -467,6 +467,26 @@ PYBIND11_MODULE(_C, m) {
     MutexLock lock(G().mu);
     return G().runtime != nullptr && !G().runtime->stopped();
   });
+  // (code, message) of the error that stopped the engine ((0, "") while it runs), and
+  // the CUDA devices it was given tensors on: hvd.elastic's commit fence.
+  m.def("failure", [] {
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      MutexLock lock(G().mu);
+      if (G().runtime) st = G().runtime->failure();
+    }
+    return Err(st);
+  });
+  m.def("gpu_devices", [] {
+    MutexLock lock(G().mu);
+    std::vector<int> out;
+    const uint64_t mask = G().runtime ? G().runtime->gpu_devices() : 0;
+    for (int d = 0; d < 64; ++d) {
+      if (mask & (uint64_t{1} << d)) out.push_back(d);
+    }
+    return out;
+  });
   m.def("submit", &Submit);
   m.def("submit_one", &SubmitOne);
   m.def("poll", &Poll);

@@ -8,6 +8,7 @@ from horovod_torch import basics, launch_env
 from horovod_torch.basics import init, shutdown  # noqa: F401  (Horovod's module has them)
 from horovod_torch.elastic.sampler import ElasticSampler
 from horovod_torch.elastic.state import ObjectState, State, TorchState
+from horovod_torch.elastic import worker
 from horovod_torch.elastic.worker import notification_manager
 from horovod_torch.exceptions import (CommittedStateLostError, HorovodInternalError,
                                       HostsUpdatedInterrupt)
@@ -55,9 +56,11 @@ def run_fn(func: Callable, reset: Callable[[], None]) -> Callable:
                     print(f"horovod_torch: rank {_safe_rank()} lost a peer ({e}); restoring "
                           f"{state.describe_commit()} and re-forming the job",
                           file=sys.stderr, flush=True)
+                    worker.report_leaving(str(e))
                     state.restore()
                     skip_sync = False
                 except HostsUpdatedInterrupt as e:
+                    worker.report_leaving(None)
                     skip_sync = e.skip_sync
                 reset_required = True
                 resets += 1

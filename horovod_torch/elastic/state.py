@@ -18,17 +18,42 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
 import torch
 
-from horovod_torch import basics
+from horovod_torch import _C, basics
 from horovod_torch.basics import rank  # noqa: F401  (Horovod's module has it)
 from horovod_torch.elastic import worker
 from horovod_torch.elastic.sampler import ElasticSampler
 from horovod_torch.elastic.worker import HostUpdateResult
-from horovod_torch.exceptions import CommittedStateLostError, HostsUpdatedInterrupt
+from horovod_torch.exceptions import (CommittedStateLostError, HorovodInternalError,
+                                      HostsUpdatedInterrupt)
 from horovod_torch.functions import (allgather_object, broadcast_object,
                                      broadcast_optimizer_state, broadcast_parameters)
 from horovod_torch.ops import allgather, broadcast_
 from horovod_torch import sharded
 from horovod_torch.sharded import ShardedOptimizer
+
+
+def fence_gpu_collectives() -> None:
+    """Waits until the GPUs this process ran collectives on are idle, then raises
+    HorovodInternalError if the engine failed meanwhile.
+
+    A GPU collective's handle completes once the collective is queued, and the work
+    queued after it (the optimizer's step) runs when it ends. When a peer dies or
+    stops during it, the engine fails and aborts the NCCL communicator: the kernel
+    ends with an undefined result, and that work runs on it. The failure is recorded
+    before the abort, so a caller that finds the GPU idle and no failure saves state
+    computed from completed collectives only, and one that finds a failure must not
+    save (commit() restores the last commit instead)."""
+    if not basics.is_initialized():
+        return
+    try:
+        for device in _C.gpu_devices():
+            torch.cuda.synchronize(device)
+    except RuntimeError as exc:  # a CUDA error once the communicator was aborted
+        code, message = _C.failure()
+        if code:
+            raise HorovodInternalError(message) from exc
+        raise
+    basics.raise_for_status(*_C.failure())
 
 
 class _HostMessages(queue.Queue):
@@ -106,7 +131,10 @@ class State:
         """Saves the state and raises HostsUpdatedInterrupt if hosts changed. In an
         elastic job rank 0 then records the commit's number in the driver's store
         (one store write, after the collective of check_host_updates(), so once it is
-        written every worker of the job has saved this commit)."""
+        written every worker of the job has saved this commit). Raises
+        HorovodInternalError, saving nothing, when a GPU collective the state may
+        depend on was cut off by a failure (see fence_gpu_collectives)."""
+        fence_gpu_collectives()
         self.save()
         self._commit_id = (self._commit_id or 0) + 1
         self.check_host_updates()

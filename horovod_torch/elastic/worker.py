@@ -120,6 +120,22 @@ def report_fatal(message: str) -> None:
               flush=True)
 
 
+def report_leaving(failure: Optional[str]) -> None:
+    """Tells the driver that this worker leaves its generation to re-form the job,
+    after `failure` (a collective's error) or a host update (None). See
+    elastic_keys.left_key: a worker of a failed generation that never leaves it is
+    stopped or hung, and the driver kills it so that the job can re-form without it."""
+    if not is_elastic() or not _has_store() or _gen < 0:
+        return
+    try:
+        if failure is not None:
+            _store().set(elastic_keys.failed_key(_gen), failure.encode(errors="replace")[:4096])
+        _store().set(elastic_keys.left_key(_gen, launch_env.current().elastic_worker_id), b"1")
+    except RuntimeError as exc:  # the driver is gone: nothing to tell
+        print(f"horovod_torch: could not report to the driver: {exc}", file=sys.stderr,
+              flush=True)
+
+
 class HostUpdateResult(enum.IntFlag):
     """What changed in the set of hosts (Horovod's flags): ``removed`` alone means the
     survivors need no state sync."""

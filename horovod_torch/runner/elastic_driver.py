@@ -41,6 +41,10 @@ POLL_S = 0.1
 DISCOVERY_PERIOD_S = 1.0  # from the end of one discovery run to the start of the next
 DISCOVERY_TIMEOUT_S = 30.0  # a run taking longer is killed (its whole process group)
 REMOVED_GRACE_S = 30.0
+# A worker of a failed generation that has not said so this long after the first of
+# the others did, while every other one has, is stopped or hung: it is killed.
+HUNG_GRACE_S = 10.0
+HUNG_CHECK_PERIOD_S = 1.0
 
 
 @dataclass
@@ -261,6 +265,8 @@ class ElasticDriver:
                            if script is not None else None)
         self._next_discovery = 0.0  # when the next discovery run (or fixed-host look) is due
         self._discovery_trouble: Optional[str] = None  # the failure last logged, if any
+        self._next_hung_check = 0.0
+        self._failure_seen: Optional[Tuple[int, float]] = None  # (generation, when)
 
     # -- discovery ---------------------------------------------------------------
 
@@ -458,6 +464,7 @@ class ElasticDriver:
                 return 128 + self._signal
             time.sleep(POLL_S)
             self._stop_unreachable()
+            self._stop_hung()
             for w in list(self._workers.values()):
                 rc = w.proc.poll()
                 if rc is None or w.done:
@@ -589,6 +596,41 @@ class ElasticDriver:
                 w.reader.join(timeout=driver.READER_JOIN_TIMEOUT_S)
                 del self._workers[w.worker_id]
                 self._blacklist_host(w.host)
+
+    def _stop_hung(self) -> None:
+        """Kills the one worker of a failed generation that never left it.
+
+        A worker stopped (SIGSTOP) or hung does not exit, so no exit tells the driver
+        to re-form the job: the others fail (after HOROVOD_TCP_TIMEOUT without word from
+        it), say so, leave the generation (elastic_keys.failed_key, left_key) and wait
+        for one without it. When no worker of the generation exited (an exit explains
+        the failure, and a new generation follows it), every other live worker has
+        left, and HUNG_GRACE_S have passed since the failure was seen, the one left is
+        killed and handled as any failed worker. Two or more are left alone: a healthy
+        worker busy outside collectives leaves at its next one."""
+        now = time.monotonic()
+        if self._gen < 0 or now < self._next_hung_check:
+            return
+        self._next_hung_check = now + HUNG_CHECK_PERIOD_S
+        failure = self._store.get(elastic_keys.failed_key(self._gen))
+        if failure is None:
+            return
+        if self._failure_seen is None or self._failure_seen[0] != self._gen:
+            self._failure_seen = (self._gen, now)
+        members = [self._workers.get(wid) for wid in self._members]
+        if any(w is None or w.removed_at is not None or w.done or w.proc.poll() is not None
+               for w in members) or len(members) < 2:
+            return
+        stayed = [w for w in members if self._store.get(
+            elastic_keys.left_key(self._gen, w.worker_id)) is None]
+        if len(stayed) != 1 or now - self._failure_seen[1] < HUNG_GRACE_S:
+            return
+        w = stayed[0]
+        driver.log(f"worker {w.worker_id} (rank {w.rank}) is still running but never left "
+                   f"generation {self._gen}, which failed "
+                   f"({failure.decode(errors='replace')}), as the other {len(members) - 1} "
+                   "workers did: it is stopped or hung; killing it")
+        with_suppress_kill(w.proc)
 
     def _reap_removed(self) -> None:
         now = time.monotonic()
