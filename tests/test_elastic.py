@@ -28,6 +28,20 @@ def _finals(output):
             if "FINAL" in line]
 
 
+def _assert_trained_on(out, steps, size, what):
+    """Every worker finished all `steps` with the same state, some in a world of `size`
+    again (the replacement joined), and rank 0 said how long recovery took (returned,
+    and printed with `what`)."""
+    finals = _finals(out)
+    assert finals and all(f["step"] == str(steps) and f["same"] == "True" for f in finals), out
+    assert any(f["size"] == str(size) for f in finals), \
+        "the replacement worker did not join:\n" + out
+    recovery = re.findall(r"RECOVERY rank=0 seconds=([\d.]+)", out)
+    assert recovery, out
+    print(f"recovery from {what} to the next completed step: {recovery[0]} s")
+    return float(recovery[0])
+
+
 def test_worker_failure_restores_and_continues(tmp_path):
     rc, out = _run(tmp_path, "localhost:2", {"KILL_RANK": "1", "KILL_STEP": "15",
                                              "STEPS": "60", "STEP_SLEEP": "0.05",
@@ -38,12 +52,7 @@ def test_worker_failure_restores_and_continues(tmp_path):
     assert "exited with code 3" in out and "lost a peer" in out, out
     # The survivor says which commit it goes back to, with the state's counters.
     assert re.search(r"lost a peer \(.*\); restoring commit \d+ \(.*step=\d+", out), out
-    finals = _finals(out)
-    assert finals and all(f["step"] == "60" and f["same"] == "True" for f in finals), out
-    assert any(f["size"] == "2" for f in finals), "the replacement worker did not join:\n" + out
-    recovery = re.findall(r"RECOVERY rank=0 seconds=([\d.]+)", out)
-    print(f"recovery from a worker's death to the next completed step: {recovery} s")
-    assert recovery, out
+    _assert_trained_on(out, 60, 2, "a worker's death")
 
 
 def test_stopped_worker_is_killed_and_the_job_goes_on(tmp_path):
@@ -60,12 +69,7 @@ def test_stopped_worker_is_killed_and_the_job_goes_on(tmp_path):
                     "--blacklist-cooldown-range", "1", "2"], timeout=150)
     assert rc == 0, out
     assert "stopped or hung; killing it" in out and "lost a peer" in out, out
-    finals = _finals(out)
-    assert finals and all(f["step"] == "60" and f["same"] == "True" for f in finals), out
-    assert any(f["size"] == "2" for f in finals), "the replacement worker did not join:\n" + out
-    recovery = re.findall(r"RECOVERY rank=0 seconds=([\d.]+)", out)
-    print(f"recovery from a worker's SIGSTOP to the next completed step: {recovery} s")
-    assert recovery, out
+    _assert_trained_on(out, 60, 2, "a worker's SIGSTOP")
 
 
 def test_survivor_trains_on_until_the_replacement_reaches_init(tmp_path):

@@ -330,6 +330,43 @@ def test_disable_prefix() -> None:
     assert sorted(result.stdout.splitlines()) == ["plain 0", "plain 1"]
 
 
+@pytest.mark.parametrize("prefix", [True, False])
+def test_progress_bar_is_live(prefix: bool) -> None:
+    """tqdm's redraws (a carriage return and the bar, no newline) reach our output while
+    the worker still runs, each prefixed (before: all of them at once, after the
+    script's last line, as the launcher forwarded whole lines only)."""
+    script = """
+        import sys, time
+        from tqdm import tqdm
+        for _ in tqdm(range(5), file=sys.stderr, mininterval=0, ascii=True, ncols=60):
+            time.sleep(0.6)
+        sys.stderr.write("DONE\\n")
+    """
+    args = ["-np", "1"] + ([] if prefix else ["--disable-prefix"])
+    proc = subprocess.Popen(_launcher(*args, *_worker(script)), env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    seen = b""
+    arrived = {}  # what -> when it first arrived
+    deadline = time.monotonic() + TIMEOUT
+    try:
+        while time.monotonic() < deadline:
+            chunk = os.read(proc.stderr.fileno(), 65536)
+            if not chunk:
+                break
+            seen += chunk
+            for what in (b"3/5", b"DONE"):
+                if what in seen and what not in arrived:
+                    arrived[what] = time.monotonic()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert b"3/5" in arrived and b"DONE" in arrived, seen
+    # The bar at 3 of 5 was drawn two sleeps (1.2 s) before the script's last line.
+    assert arrived[b"DONE"] - arrived[b"3/5"] > 0.8, seen
+    bar = seen[:seen.index(b"3/5")].rsplit(b"\r", 1)[1]
+    assert bar.startswith(b"[0]<stderr>:") == prefix, seen
+
+
 # -- failures and signals -----------------------------------------------------
 
 def test_failure_exit_code_and_others_killed(tmp_path: Path) -> None:

@@ -181,6 +181,14 @@ class _StartFilter:
             line = self._raw.readline()
         return line
 
+    def read1(self, size: int) -> bytes:
+        """What is there now (at most `size` bytes), as the stream's read1."""
+        if not self._started.is_set():
+            line = self.readline()  # the start line comes first: wait for it whole
+            if line:
+                return line
+        return self._raw.read1(size)
+
     def fileno(self) -> int:
         return self._raw.fileno()
 
