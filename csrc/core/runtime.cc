@@ -73,8 +73,8 @@ Status Runtime::Create(const WorldInfo& world, const Config& config,
     HVD_RETURN_IF_ERROR(CreateTcpCommunicator(rt->store_.get(), world.prefix, world.rank,
                                               world.size, world.secret, config, &rt->transport_));
   }
-  rt->gpu_ = CreateGpuBackend(rt->transport_.get(), world.rank, world.size,
-                              config.gpu_op_timeout_s);
+  rt->gpu_ =
+      CreateGpuBackend(rt->transport_.get(), world.rank, world.size, config.gpu_op_timeout_s);
   TunedParams initial{config.fusion_threshold_bytes, config.wake_delay_us,
                       config.cache_capacity > 0};
   rt->controller_ = rt->NewController(rt->transport_.get(), initial);

@@ -165,7 +165,7 @@ class Runtime {
   std::map<int32_t, std::vector<Request>> fresh_ HVD_GUARDED_BY(mu_);  // by process set
   std::map<int32_t, std::vector<int>> set_ranks_ HVD_GUARDED_BY(mu_);  // registered sets
   std::atomic<bool> has_fresh_{false};                                 // hint for the spinning loop
-  std::atomic<bool> gpu_seen_{false};  // a CUDA tensor was submitted
+  std::atomic<bool> gpu_seen_{false};     // a CUDA tensor was submitted
   std::atomic<uint64_t> gpu_devices_{0};  // gpu_devices()
   // Callers blocked waiting for their ops; shared with their handles.
   const std::shared_ptr<Waiters> waiters_ = std::make_shared<Waiters>();

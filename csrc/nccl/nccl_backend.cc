@@ -336,13 +336,12 @@ Status NcclBackend::Check() {
     }
     const double secs = std::chrono::duration<double>(now - op.since).count();
     if (secs > op_timeout_s_) {
-      return Status::Aborted("NCCL collective '" + op.name + "' has run " +
-                             std::to_string(static_cast<int>(secs)) + " s on GPU " +
-                             std::to_string(kv.first) +
-                             " without finishing (HOROVOD_GPU_OP_TIMEOUT=" +
-                             std::to_string(static_cast<int>(op_timeout_s_)) +
-                             "): a peer's GPU never joined it (its process or GPU is stuck, "
-                             "or the inputs it waits for never became ready)");
+      return Status::Aborted(
+          "NCCL collective '" + op.name + "' has run " + std::to_string(static_cast<int>(secs)) +
+          " s on GPU " + std::to_string(kv.first) + " without finishing (HOROVOD_GPU_OP_TIMEOUT=" +
+          std::to_string(static_cast<int>(op_timeout_s_)) +
+          "): a peer's GPU never joined it (its process or GPU is stuck, "
+          "or the inputs it waits for never became ready)");
     }
   }
   return Status::Ok();

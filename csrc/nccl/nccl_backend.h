@@ -63,7 +63,7 @@ class NcclBackend : public GpuBackend {
   struct Device {
     ncclComm_t comm = nullptr;
     c10::optional<c10::cuda::CUDAStream> stream;
-    at::Tensor fusion;  // uint8, allocated on the first fused op
+    at::Tensor fusion;               // uint8, allocated on the first fused op
     std::deque<InFlight> in_flight;  // oldest first
   };
   Status Ensure(int device, Device** out);
