@@ -119,14 +119,33 @@ def _set_rank(psid: int) -> int:
     return rank() if psid == 0 else _registry[psid].rank()
 
 
+def _thread_tag() -> str:
+    """"" for the main thread and threads Python did not start (autograd's, for one:
+    which of them runs a backward differs between ranks); else the thread's name,
+    ".<name>". Threads a script starts are named in the order it starts them
+    ("Thread-3 (work)"), the same on every rank."""
+    t = threading.current_thread()
+    if t is threading.main_thread() or isinstance(t, threading._DummyThread):  # noqa: SLF001
+        return ""
+    return "." + t.name
+
+
 def _auto_name(kind: str, name: Optional[str], psid: int = 0) -> str:
+    """The name of an op submitted without one: kind and a count, as Horovod names it.
+    Ranks outside a set do not count its ops (one counter per set), and a thread the
+    script started counts its own ops under its own name: two threads submitting
+    unnamed ops at once would otherwise pair rank 0's op of one thread with rank 1's
+    of the other, a silently wrong result. A thread started in a different order on
+    some rank gets other names there: its ops then wait, and the stall report names
+    them."""
     if name is not None:
         return name
+    tag = _thread_tag()
     with _name_lock:
-        # Ranks outside a set do not count its ops: one counter per set.
-        counter = _counters.setdefault((kind, psid), itertools.count())
+        counter = _counters.setdefault((kind, psid, tag), itertools.count())
         n = next(counter)
-    return f"{kind}.noname.{n}" if psid == 0 else f"{kind}.ps{psid}.noname.{n}"
+    base = kind if psid == 0 else f"{kind}.ps{psid}"
+    return f"{base}.noname{tag}.{n}"
 
 
 def reset_auto_names() -> None:

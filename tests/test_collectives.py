@@ -15,6 +15,10 @@ def test_out_of_order_hundreds_of_tensors_grouped_and_unnamed(size):
     run_workers("tests.workers:out_of_order_and_many", size, timeout=90)
 
 
+def test_unnamed_ops_from_two_threads_are_not_paired_across_threads():
+    run_workers("tests.workers:unnamed_from_threads", 2, timeout=120)
+
+
 def test_autograd_through_collectives():
     run_workers("tests.workers:autograd", 3, timeout=90)
 

@@ -663,3 +663,29 @@ def edit_hosts_and_wait(state) -> None:
     while hvd.size() != int(os.environ["WAIT_SIZE"]) and time.monotonic() < deadline:
         time.sleep(0.05)
         state.commit()  # raises HostsUpdatedInterrupt once the driver has the new hosts
+
+
+def unnamed_from_threads(ops: str = "200") -> None:
+    """Two threads submit unnamed allreduces at once, each with its own values: every
+    result is its own thread's sum (before: a thread's op on one rank met the other
+    thread's op on another, and hundreds of sums were wrong, silently)."""
+    import threading
+    hvd.init()
+    n, r = hvd.size(), hvd.rank()
+    wrong = []
+    start = threading.Barrier(2)
+
+    def work(scale: float) -> None:
+        start.wait()
+        for i in range(int(ops)):
+            out = hvd.allreduce(torch.full((3,), scale * (r + 1)), op=hvd.Sum)
+            if out[0].item() != scale * n * (n + 1) / 2:
+                wrong.append((scale, i, out[0].item()))
+    threads = [threading.Thread(target=work, args=(s,)) for s in (1.0, 1000.0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong, f"{len(wrong)} wrong sums, e.g. {wrong[:3]}"
+    hvd.shutdown()
+    print("unnamed ops from two threads ok", flush=True)
