@@ -413,8 +413,13 @@ def mpi_enabled() -> bool:
 
 def mpi_threads_supported() -> bool:
     """True when MPI runs with MPI_THREAD_MULTIPLE, so the script may use MPI (mpi4py)
-    alongside horovod_torch."""
+    alongside horovod_torch. Raises ValueError, as Horovod does, when the engine does
+    not run over MPI (or before init())."""
     _world()
+    if not _C.mpi_enabled():
+        raise ValueError("Horovod MPI is not enabled; Please make sure it's installed and "
+                         "enabled (start the job with horovodrun --mpi or mpirun, or set "
+                         "HOROVOD_CONTROLLER=mpi).")
     return _C.mpi_threads_supported()
 
 

@@ -146,3 +146,20 @@ def test_discovery_timeout_kills_the_script_group(tmp_path):
     assert "keeping the last host list (localhost:2)" in text, text
     finals = [line for line in text.splitlines() if "FINAL" in line]
     assert len(finals) == 2 and all("step=260" in f and "size=2" in f for f in finals), text
+
+
+def test_a_failing_discovery_script_is_reported_once_with_the_wait(tmp_path):
+    """A script that exits 3 and writes nothing: one line says so (not a bare "3: ",
+    not twice) and how long the driver waits for hosts."""
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\nexit 3\n")
+    script.chmod(0o755)
+    cmd = [sys.executable, "-m", "horovod_torch.runner", "-np", "1", "--min-np", "1",
+           "--elastic-timeout", "3", "--host-discovery-script", str(script), "true"]
+    out = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True,
+                         timeout=TIMEOUT)
+    lines = [line for line in out.stderr.splitlines() if "host discovery failed" in line]
+    assert out.returncode == 1 and len(lines) == 1, out.stderr
+    assert lines[0] == ("horovodrun: host discovery failed: host discovery script exited "
+                        "with 3 and wrote nothing on stderr; no host known yet: waiting up "
+                        "to --elastic-timeout 3 s for --min-np 1 slots"), out.stderr

@@ -157,14 +157,19 @@ def test_every_upstream_option_is_accepted(option: str, files: Dict[str, str],
 
 
 def test_version(capsys: pytest.CaptureFixture) -> None:
+    """Our version first (what a script parses), then the Horovod API level it
+    implements (horovod.__version__)."""
+    import horovod
     import horovod_torch
+    want = (f"{horovod_torch.__version__} (horovod_torch; implements the Horovod "
+            f"{horovod.__version__} API)")
     for option in ("-v", "--version", "--vers"):
         with pytest.raises(SystemExit) as exit_info:
             launch.parse_args([option])
         assert exit_info.value.code == 0
-        assert capsys.readouterr().out.strip() == horovod_torch.__version__
+        assert capsys.readouterr().out.strip() == want
     result = _horovodrun("--version", timeout=60)
-    assert result.returncode == 0 and result.stdout.strip() == horovod_torch.__version__
+    assert result.returncode == 0 and result.stdout.strip() == want
 
 
 # Option -> the variables it sets for the workers (Horovod's config_parser rules).
@@ -249,6 +254,7 @@ def test_other_upstream_options_keep_their_meaning(files: Dict[str, str]) -> Non
     (["--disable-cache"], "horovodrun: --disable-cache has no effect in horovod_torch: "),
     (["--binding-args", "--bind-to core"], "horovodrun: --binding-args has no effect in "),
     (["--max-np", "4"], "horovodrun: --max-np has no effect in horovod_torch: "),
+    (["--num-nccl-streams", "2"], "horovodrun: --num-nccl-streams has no effect in "),
 ])
 def test_options_without_effect_say_so_once(argv: List[str], notice: str,
                                             capsys: pytest.CaptureFixture) -> None:

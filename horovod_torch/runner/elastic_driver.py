@@ -156,8 +156,9 @@ def discover_hosts(script: str, default_slots: int, timeout: Optional[float] = N
             kill_script_group(proc)
             proc.wait()
     if proc.returncode != 0:
-        raise ValueError(f"host discovery script exited with {proc.returncode}: "
-                         f"{stderr.strip()[:200]}")
+        said = stderr.strip()[:200]
+        raise ValueError(f"host discovery script exited with {proc.returncode}" +
+                         (f": {said}" if said else " and wrote nothing on stderr"))
     found = parse_discovery(stdout, default_slots)
     for name in found:
         hosts.check_hostname(name)
@@ -302,10 +303,14 @@ class ElasticDriver:
         if trouble == self._discovery_trouble:
             return
         self._discovery_trouble = trouble
-        known = ", ".join(f"{h}:{n}" for h, n in self._hosts.items()) or "none yet"
-        driver.log(f"host discovery failed: {error}; keeping the last host list "
-                   f"({known}) meanwhile" + ("; will keep trying, without saying so again"
-                                             if timed_out else ""))
+        if self._hosts:
+            known = ", ".join(f"{h}:{n}" for h, n in self._hosts.items())
+            plan = f"keeping the last host list ({known}) meanwhile"
+        else:
+            plan = (f"no host known yet: waiting up to --elastic-timeout "
+                    f"{self._o.elastic_timeout:g} s for --min-np {self._o.min_np} slots")
+        driver.log(f"host discovery failed: {error}; {plan}" +
+                   ("; will keep trying, without saying so again" if timed_out else ""))
 
     def _filter_remote(self, found: Dict[str, int]) -> Dict[str, int]:
         """Drops remote hosts when the store listens on loopback (said once a host)."""

@@ -112,8 +112,11 @@ class _VersionAction(argparse.Action):
         super().__init__(option_strings, dest, default=argparse.SUPPRESS, nargs=0, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None):
+        import horovod  # pylint: disable=import-outside-toplevel
         import horovod_torch  # pylint: disable=import-outside-toplevel
-        sys.stdout.write(f"{getattr(horovod_torch, '__version__', 'unknown')}\n")
+        ours = getattr(horovod_torch, "__version__", "unknown")
+        sys.stdout.write(f"{ours} (horovod_torch; implements the Horovod "
+                         f"{horovod.__version__} API)\n")
         sys.stdout.flush()
         parser.exit(0)
 
@@ -139,7 +142,8 @@ def make_parser() -> argparse.ArgumentParser:
         description="Launch a horovod_torch training job on this machine or on "
                     "several hosts (started over ssh).")
     parser.add_argument("-v", "--version", action=_VersionAction,
-                        help="print the version of horovod_torch and exit")
+                        help="print the version of horovod_torch (and of the Horovod API it "
+                             "implements) and exit")
     parser.add_argument(
         "-np", "--num-proc", dest="num_proc", type=int, metavar="N",
         help="total number of worker processes (required; in elastic mode the number "
@@ -298,6 +302,10 @@ def parse_args(argv: Optional[Sequence[str]] = None,
     if args.use_jsrun:
         _notice("--jsrun", "IBM's jsrun is not supported; horovodrun starts the workers "
                            "itself over the TCP transport")
+    streams = getattr(args, _knob_dest("HOROVOD_NUM_NCCL_STREAMS"), None)
+    if streams is not None and streams != 1:
+        _notice("--num-nccl-streams", "the NCCL backend runs one stream per GPU (its ops "
+                                      "are ordered on it); the value is passed on and unused")
     if args.binding_args and not args.use_mpi:
         _notice("--binding-args", "it applies to mpirun (--mpi) only; horovodrun binds "
                                   "no processes")
@@ -587,9 +595,8 @@ def _elastic_store_address(args: argparse.Namespace) -> Optional[str]:
         else:
             try:
                 found = discover_hosts(args.discovery, args.slots_per_host)
-            except (OSError, ValueError) as exc:
-                driver.log(f"host discovery failed: {exc}")
-                found = {}
+            except (OSError, ValueError):
+                found = {}  # the driver runs it again and says what failed
         remote_hosts = [h for h in found if not hosts.is_local_host(h)]
         return network.store_address(None, remote_hosts)
     except ValueError as exc:

@@ -95,11 +95,9 @@ def test_probes_before_and_after_init(teardown):
     assert hvd.is_initialized() is True
     assert _built_probes() == before  # what was built does not change with init
     assert hvd.gloo_enabled() is True and hvd.mpi_enabled() is False  # horovodrun: TCP
-    # Horovod raises ValueError when MPI is not enabled; horovod_torch answers False.
-    try:
-        assert hvd.mpi_threads_supported() is False
-    except ValueError:
-        pass
+    # Horovod raises ValueError when MPI is not enabled, and so do we.
+    with pytest.raises(ValueError, match="MPI is not enabled"):
+        hvd.mpi_threads_supported()
 
     hvd.barrier()
     hvd.shutdown()
