@@ -72,6 +72,18 @@ def test_stopped_worker_is_killed_and_the_job_goes_on(tmp_path):
     _assert_trained_on(out, 60, 2, "a worker's SIGSTOP")
 
 
+def test_without_max_np_the_job_grows_to_every_slot_found(tmp_path):
+    """-np 1 and discovery printing localhost:2, no --max-np: the job grows to 2
+    workers, as Horovod's (before: --max-np defaulted to -np, so it never grew)."""
+    rc, out = _run(tmp_path, "localhost:2", {"STEPS": "30", "STEP_SLEEP": "0.05",
+                                             "WAIT_STEP": "5", "WAIT_SIZE": "2"},
+                   ["-np", "1", "--min-np", "1"])
+    assert rc == 0, out
+    finals = _finals(out)
+    assert len(finals) == 2 and all(f["size"] == "2" and f["same"] == "True"
+                                    for f in finals), out
+
+
 def test_survivor_trains_on_until_the_replacement_reaches_init(tmp_path):
     """The generation that adds a worker is formed once that worker has reached
     hvd.init(): the survivor does not stop to wait while the newcomer starts."""

@@ -16,6 +16,7 @@ function's module must be importable by the workers). Nothing here loads torch u
 """
 from __future__ import annotations
 
+import itertools
 import os
 import pickle
 import secrets
@@ -177,7 +178,11 @@ def _results(server: Any, job: Any, code: int) -> List[Any]:
             f"thus causing the job to be terminated (horovodrun exit code {code}; the "
             "workers' output above says more).")
     results = []
-    for rank in range(job.max_np if elastic else job.num_proc):
+    if not elastic:
+        ranks = range(job.num_proc)
+    else:  # without --max-np the job may have grown to any size
+        ranks = range(job.max_np) if job.max_np else itertools.count()
+    for rank in ranks:
         raw = server.get(KEY_RESULT.format(rank=rank))
         if raw is None:
             if elastic and rank >= job.min_np:

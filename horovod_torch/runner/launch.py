@@ -523,15 +523,17 @@ def _remote_exec(args: argparse.Namespace) -> remote.RemoteExec:
 def _check_elastic(parser: argparse.ArgumentParser,
                    args: argparse.Namespace) -> argparse.Namespace:
     """Validates the elastic-mode flags. Without --host-discovery-script the hosts are
-    fixed: -H, --hostfile, or this machine with max(-np, --max-np) slots."""
+    fixed: -H, --hostfile, or this machine with --max-np (else -np) slots. Without
+    --max-np the job may grow to every slot found (ElasticOptions.max_np sys.maxsize)."""
     if not args.command:
         parser.error("no command given to run in the workers")
     args.min_np = args.min_np or args.num_proc or 1
-    args.max_np = args.max_np or max(args.num_proc or 0, args.min_np)
     args.num_proc = args.num_proc or args.min_np
-    if not 1 <= args.min_np <= args.num_proc <= args.max_np:
+    # Without --max-np the job grows to every slot it finds, as Horovod's does.
+    bound = args.max_np if args.max_np is not None else max(args.num_proc, args.min_np)
+    if not 1 <= args.min_np <= args.num_proc <= bound:
         parser.error(f"need 1 <= --min-np ({args.min_np}) <= -np ({args.num_proc}) <= "
-                     f"--max-np ({args.max_np})")
+                     f"--max-np ({bound})")
     args.fixed_hosts = None
     if args.discovery:
         if args.hosts or args.hostfile:
@@ -542,7 +544,7 @@ def _check_elastic(parser: argparse.ArgumentParser,
     else:
         try:
             if not (args.hosts or args.hostfile):
-                args.hosts = f"localhost:{args.max_np}"
+                args.hosts = f"localhost:{bound}"
             args.fixed_hosts = {h.hostname: h.slots for h in _host_list(args)}
         except ValueError as exc:
             parser.error(str(exc))
@@ -657,7 +659,8 @@ def run_elastic(args: argparse.Namespace) -> int:
                     "HOROVOD_ELASTIC_RESET_LIMIT": str(args.reset_limit)})
         return env
 
-    opts = ElasticOptions(num_proc=args.num_proc, min_np=args.min_np, max_np=args.max_np,
+    opts = ElasticOptions(num_proc=args.num_proc, min_np=args.min_np,
+                          max_np=args.max_np if args.max_np is not None else sys.maxsize,
                           discovery_script=args.discovery, slots=args.slots_per_host,
                           fixed_hosts=args.fixed_hosts, reset_limit=args.reset_limit,
                           cooldown=tuple(args.cooldown) if args.cooldown else None,
@@ -668,7 +671,8 @@ def run_elastic(args: argparse.Namespace) -> int:
     spawner = driver.HostSpawner(remote_exec)
     try:
         return ElasticDriver(opts, server, args.command, env_for,
-                             _output_forwarder(args, args.max_np), spawner=spawner).run()
+                             _output_forwarder(args, args.max_np or args.num_proc),
+                             spawner=spawner).run()
     finally:
         spawner.close()
         server.stop()
