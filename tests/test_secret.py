@@ -8,12 +8,13 @@ terabytes) must be turned away, and the job must then finish with correct result
 
 The handshake (csrc/common/net.cc): the server sends a frame (u64 little-endian
 length + bytes) holding a nonce; the client answers with a frame holding
-SHA-256(secret | nonce | tag) followed by the tag; the server answers with a
+HMAC-SHA256(key=secret, nonce | tag) followed by the tag; the server answers with a
 one-byte frame, ``Y`` or ``N``, and closes the connection on ``N``.
 """
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 import secrets
 import socket
@@ -105,7 +106,7 @@ def _handshake(addr: Tuple[str, int], secret: str, tag: bytes) -> Tuple[bytes, s
     """Does the client side of the handshake; returns (verdict, socket)."""
     sock = _connect(addr)
     nonce = _recv_frame(sock)
-    digest = hashlib.sha256(secret.encode() + nonce + tag).digest()
+    digest = hmac.new(secret.encode(), nonce + tag, hashlib.sha256).digest()
     sock.sendall(_frame(digest + tag))
     return _recv_frame(sock), sock
 

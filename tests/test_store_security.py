@@ -13,6 +13,7 @@ Every connection goes to 127.0.0.1.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import resource
@@ -64,7 +65,7 @@ def _authenticated_socket(port: int, secret: str) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     (n,) = struct.unpack("<Q", _recv_exact(sock, 8))
     nonce = _recv_exact(sock, n)
-    digest = hashlib.sha256(secret.encode() + nonce + b"store").digest()
+    digest = hmac.new(secret.encode(), nonce + b"store", hashlib.sha256).digest()
     reply = digest + b"store"
     sock.sendall(struct.pack("<Q", len(reply)) + reply)
     (n,) = struct.unpack("<Q", _recv_exact(sock, 8))

@@ -238,7 +238,7 @@ bool HandshakeReplyValid(const std::string& secret, const std::string& nonce,
                          const std::string& reply, std::string* tag) {
   if (reply.size() < 32) return false;
   std::string hello = reply.substr(32);
-  std::string expect = Sha256(secret + nonce + hello);
+  std::string expect = HmacSha256(secret, nonce + hello);
   // Constant-time comparison.
   unsigned char diff = 0;
   for (int i = 0; i < 32; ++i) diff |= static_cast<unsigned char>(expect[i] ^ reply[i]);
@@ -263,7 +263,7 @@ Status ClientHandshake(int fd, const std::string& secret, const std::string& tag
   if (rejected != nullptr) *rejected = false;
   std::string nonce;
   HVD_RETURN_IF_ERROR(RecvFrame(fd, &nonce, timeout_s, kMaxHandshakeFrame));
-  HVD_RETURN_IF_ERROR(SendFrame(fd, Sha256(secret + nonce + tag) + tag, timeout_s));
+  HVD_RETURN_IF_ERROR(SendFrame(fd, HmacSha256(secret, nonce + tag) + tag, timeout_s));
   std::string verdict;
   HVD_RETURN_IF_ERROR(RecvFrame(fd, &verdict, timeout_s, kMaxHandshakeFrame));
   if (verdict != "Y") {

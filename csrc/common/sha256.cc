@@ -78,4 +78,16 @@ std::string Sha256(const std::string& data) {
   return out;
 }
 
+std::string HmacSha256(const std::string& key, const std::string& message) {
+  constexpr size_t kBlock = 64;
+  std::string k = key.size() > kBlock ? Sha256(key) : key;
+  k.resize(kBlock, '\0');
+  std::string inner(kBlock, '\0'), outer(kBlock, '\0');
+  for (size_t i = 0; i < kBlock; ++i) {
+    inner[i] = static_cast<char>(k[i] ^ 0x36);
+    outer[i] = static_cast<char>(k[i] ^ 0x5c);
+  }
+  return Sha256(outer + Sha256(inner + message));
+}
+
 }  // namespace hvd

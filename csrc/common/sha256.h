@@ -1,5 +1,5 @@
-// SHA-256 (FIPS 180-4), used to authenticate connections with the job secret
-// without sending the secret itself.
+// SHA-256 (FIPS 180-4), and HMAC-SHA256 with it, used to authenticate connections
+// with the job secret without sending the secret itself.
 #pragma once
 
 #include <string>
@@ -8,5 +8,8 @@ namespace hvd {
 
 // Returns the 32-byte binary digest of `data`.
 std::string Sha256(const std::string& data);
+
+// HMAC-SHA256 (RFC 2104) of `message` under `key`: the 32-byte binary tag.
+std::string HmacSha256(const std::string& key, const std::string& message);
 
 }  // namespace hvd

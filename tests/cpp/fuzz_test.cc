@@ -731,13 +731,13 @@ Verdict ExpectedVerdict(const std::string& secret, const std::string& nonce,
 std::string RandomHandshakeReply(Rng& rng, const std::string& secret, const std::string& nonce,
                                  const std::string& good_tag, bool allow_valid) {
   const std::string tag = OneIn(rng, 2) ? good_tag : RandomBytes(rng, 24);
-  const std::string valid = Frame(Sha256(secret + nonce + tag) + tag);
+  const std::string valid = Frame(HmacSha256(secret, nonce + tag) + tag);
   switch (Below(rng, 6)) {
     case 0:
       if (allow_valid) return valid;
       [[fallthrough]];
     case 1:
-      return Frame(Sha256("not-" + secret + nonce + tag) + tag);  // a wrong secret
+      return Frame(HmacSha256("not-" + secret, nonce + tag) + tag);  // a wrong secret
     case 2:
       return RandomBytes(rng, 64);
     default:
@@ -944,7 +944,7 @@ TEST(FuzzHandshake, ReplyValidation) {
   Fuzz("FuzzHandshake.ReplyValidation", 0.05, [&](Rng& rng, uint64_t) {
     const std::string secret = RandomBytes(rng, 40), nonce = RandomBytes(rng, 32),
                       tag = RandomBytes(rng, 64);
-    const std::string good = Sha256(secret + nonce + tag) + tag;
+    const std::string good = HmacSha256(secret, nonce + tag) + tag;
     std::string got = "untouched";
     ASSERT_TRUE(HandshakeReplyValid(secret, nonce, good, &got));
     EXPECT_EQ(got, tag);
@@ -959,7 +959,7 @@ TEST(FuzzHandshake, ReplyValidation) {
     const std::string noise = RandomBytes(rng, 64);
     EXPECT_EQ(
         HandshakeReplyValid(secret, nonce, noise, nullptr),
-        noise.size() >= 32 && noise.substr(0, 32) == Sha256(secret + nonce + noise.substr(32)));
+        noise.size() >= 32 && noise.substr(0, 32) == HmacSha256(secret, nonce + noise.substr(32)));
   });
 }
 
