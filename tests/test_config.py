@@ -1,6 +1,8 @@
 """docs/config.md is generated from the knob list and must stay in sync."""
 import os
 
+import pytest
+
 from tests.harness import ROOT
 
 
@@ -19,9 +21,30 @@ def test_bad_knob_value_is_a_clear_error(monkeypatch):
     with pytest.raises(ValueError) as e:
         hvd.init()
     msg = str(e.value)
-    assert "HOROVOD_FUSION_THRESHOLD='lots' is not an integer (see docs/config.md)" in msg, msg
+    assert ("HOROVOD_FUSION_THRESHOLD='lots' is not an integer (python -m horovod_torch.config "
+            "lists every knob)") in msg, msg
     assert "HOROVOD_CYCLE_TIME='soon' is not a number" in msg, msg
     assert not msg.endswith("; "), msg
+    assert not hvd.is_initialized()
+
+
+@pytest.mark.parametrize("env,value,allowed", [
+    ("HOROVOD_TCP_TIMEOUT", "0", "> 0"), ("HOROVOD_TCP_TIMEOUT", "-3", "> 0"),
+    ("HOROVOD_START_TIMEOUT", "0", "> 0"), ("HOROVOD_CYCLE_TIME", "-1", "> 0"),
+    ("HOROVOD_FUSION_THRESHOLD", "-5", ">= 0"), ("HOROVOD_RING_CHUNK_BYTES", "0", ">= 1"),
+    ("HOROVOD_HIERARCHICAL_ALLREDUCE", "2", "-1, 0 or 1"),
+    ("HOROVOD_SHM_THREADS", "0", ">= 1, or -1 (automatic)"),
+    ("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "1.5", "between 0 and 1"),
+    ("HOROVOD_GPU_OP_TIMEOUT", "-1", ">= 0 (0: no limit)"),
+])
+def test_out_of_range_knob_is_a_clear_error(monkeypatch, env, value, allowed):
+    """Before: accepted, and e.g. HOROVOD_TCP_TIMEOUT=0 failed every collective at once
+    ("made no progress for 0.000003 s")."""
+    import horovod_torch as hvd
+    monkeypatch.setenv(env, value)
+    with pytest.raises(ValueError) as e:
+        hvd.init()
+    assert f"{env}='{value}' is out of range: it must be {allowed} (" in str(e.value), e.value
     assert not hvd.is_initialized()
 
 

@@ -264,6 +264,18 @@ def test_options_without_effect_say_so_once(argv: List[str], notice: str,
     assert len(err) == 1 and err[0].startswith(notice), err
 
 
+@pytest.mark.parametrize("argv, error", [
+    (["--min-np", "0"], "--min-np must be >= 1, got 0"),
+    (["--min-np", "1", "--max-np", "0"], "--max-np must be >= 1, got 0"),
+    (["--min-np", "1", "--reset-limit", "-1"], "--reset-limit must be >= 0 (0: no limit), got -1"),
+    (["--min-np", "1", "--elastic-timeout", "-5"], "--elastic-timeout must be > 0 seconds, got -5"),
+])
+def test_bad_elastic_values_are_errors(argv: List[str], error: str) -> None:
+    """Before: accepted (--elastic-timeout -5 then said "only 0 slots were discovered")."""
+    with pytest.raises(ValueError, match=re.escape(error)):
+        launch.parse_args(["-np", "1", *argv, "true"], raise_errors=True)
+
+
 def test_conflicting_controllers_are_an_error() -> None:
     with pytest.raises(ValueError, match="at most one of --gloo, --mpi and --jsrun"):
         launch.parse_args(["-np", "1", "--gloo", "--mpi", "true"], raise_errors=True)

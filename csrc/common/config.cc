@@ -1,6 +1,7 @@
 #include "common/config.h"
 
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <stdexcept>
 
@@ -43,16 +44,90 @@ std::string Expected(const std::string& type) {
   return "valid";
 }
 
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// The range of each numeric knob whose other values break something (a timeout of 0
+// fails every collective at once, a negative size or count means nothing). Flags
+// (0 / 1) are not listed: like Horovod, any other integer reads as on.
+struct Range {
+  const char* env;
+  double lo, hi;
+  bool lo_excluded;  // lo < value rather than lo <= value
+  bool minus_one;    // -1 (automatic) allowed too
+  const char* words;
+};
+const Range kRanges[] = {
+    {"HOROVOD_FUSION_THRESHOLD", 0, kInf, false, false, ">= 0"},
+    {"HOROVOD_CYCLE_TIME", 0, kInf, true, false, "> 0"},
+    {"HOROVOD_WAKE_DELAY_US", 0, kInf, false, false, ">= 0"},
+    {"HOROVOD_SPIN_US", 0, kInf, false, true, ">= 0, or -1 (automatic)"},
+    {"HOROVOD_CACHE_CAPACITY", 0, kInf, false, false, ">= 0"},
+    {"HOROVOD_STEADY_STATE_EXCHANGE", 0, 1, false, false, "0 or 1"},
+    {"HOROVOD_TCP_TIMEOUT", 0, kInf, true, false, "> 0"},
+    {"HOROVOD_GPU_OP_TIMEOUT", 0, kInf, false, false, ">= 0 (0: no limit)"},
+    {"HOROVOD_START_TIMEOUT", 0, kInf, true, false, "> 0"},
+    {"HOROVOD_SMALL_ALLREDUCE_BYTES", 0, kInf, false, false, ">= 0"},
+    {"HOROVOD_RING_CHUNK_BYTES", 1, kInf, false, false, ">= 1"},
+    {"HOROVOD_HIERARCHICAL_ALLREDUCE", 0, 1, false, true, "-1, 0 or 1"},
+    {"HOROVOD_HIERARCHICAL_ALLGATHER", 0, 1, false, true, "-1, 0 or 1"},
+    {"HOROVOD_SHM_CONTROL", 0, 1, false, false, "0 or 1"},
+    {"HOROVOD_SHM_THREADS", 1, kInf, false, true, ">= 1, or -1 (automatic)"},
+    {"HOROVOD_STALL_CHECK_TIME_SECONDS", 0, kInf, false, false, ">= 0"},
+    {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0, kInf, false, false, ">= 0 (0: never)"},
+    {"HOROVOD_AUTOTUNE_WARMUP_SAMPLES", 0, kInf, false, false, ">= 0"},
+    {"HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", 1, kInf, false, false, ">= 1"},
+    {"HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", 1, kInf, false, false, ">= 1"},
+    {"HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", 0, 1, false, false, "between 0 and 1"},
+    {"HOROVOD_GLOO_TIMEOUT_SECONDS", 0, kInf, false, false, ">= 0"},
+    {"HOROVOD_NUM_NCCL_STREAMS", 1, kInf, false, false, ">= 1"},
+};
+
+const Range* FindRange(const std::string& env) {
+  for (const Range& r : kRanges) {
+    if (env == r.env) return &r;
+  }
+  return nullptr;
+}
+
+// "" if `value` (parsed from knob `env`) is allowed, else the error's text.
+std::string OutOfRange(const char* env, const char* text, double value) {
+  if (KnobAllows(env, value)) return "";
+  return std::string(env) + "='" + text + "' is out of range: it must be " + KnobAllowed(env);
+}
+std::string OutOfRange(const char*, const char*, const std::string&) { return ""; }
+
 }  // namespace
 
+std::string KnobAllowed(const std::string& env) {
+  const Range* r = FindRange(env);
+  return r == nullptr ? "" : r->words;
+}
+
+bool KnobAllows(const std::string& env, double value) {
+  const Range* r = FindRange(env);
+  if (r == nullptr) return true;
+  if (r->minus_one && value == -1) return true;
+  return (r->lo_excluded ? value > r->lo : value >= r->lo) && value <= r->hi;
+}
+
 Config Config::FromEnv(std::string* error) {
+  // Where an installed package lists its knobs (docs/config.md is in the repository).
+  static const char* const kKnobHelp = "python -m horovod_torch.config lists every knob";
   Config c;
-#define HVD_READ_KNOB(member, env, type, def, doc)                                       \
-  if (const char* v = std::getenv(env); v != nullptr && *v != '\0') {                    \
-    if (!Parse(v, &c.member) && error != nullptr) {                                      \
-      *error += std::string(error->empty() ? "" : "; ") + env + "='" + v + "' is not " + \
-                Expected(#type) + " (see docs/config.md)";                               \
-    }                                                                                    \
+#define HVD_READ_KNOB(member, env, type, def, doc)                                     \
+  if (const char* v = std::getenv(env); v != nullptr && *v != '\0') {                  \
+    type parsed{};                                                                     \
+    std::string why;                                                                   \
+    if (!Parse(v, &parsed)) {                                                          \
+      why = std::string(env) + "='" + v + "' is not " + Expected(#type);               \
+    } else {                                                                           \
+      why = OutOfRange(env, v, parsed);                                                \
+    }                                                                                  \
+    if (why.empty()) {                                                                 \
+      c.member = parsed;                                                               \
+    } else if (error != nullptr) {                                                     \
+      *error += std::string(error->empty() ? "" : "; ") + why + " (" + kKnobHelp + ")"; \
+    }                                                                                  \
   }
   HVD_KNOBS(HVD_READ_KNOB)
 #undef HVD_READ_KNOB

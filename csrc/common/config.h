@@ -136,7 +136,8 @@ struct Config {
 #undef HVD_DECLARE_KNOB
 
   // Reads every knob from the environment; unset variables keep their defaults.
-  // A value that does not parse is reported in *error and the default kept.
+  // A value that does not parse, or is outside what its knob allows (KnobAllowed),
+  // is reported in *error and the default kept.
   static Config FromEnv(std::string* error);
 
   // The knobs every rank must set alike (they choose the wire protocol or the
@@ -144,6 +145,11 @@ struct Config {
   // these would give wrong results or a hang; init() compares them instead.
   std::string ProtocolSettings() const;
 };
+
+// The values numeric knob `env` allows, in words ("> 0", "-1, 0 or 1"), or "" when
+// any value of its type will do; KnobAllows says whether `value` is one of them.
+std::string KnobAllowed(const std::string& env);
+bool KnobAllows(const std::string& env, double value);
 
 // "" if every rank's ProtocolSettings() (index: rank) equals rank 0's; else a message
 // that names each knob that differs and the ranks' values.

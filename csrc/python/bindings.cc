@@ -432,7 +432,7 @@ py::list Knobs() {
   py::list out;
   Config d;
 #define HVD_LIST_KNOB(member, env, type, def, doc) \
-  out.append(py::make_tuple(env, #type, py::cast(d.member), doc));
+  out.append(py::make_tuple(env, #type, py::cast(d.member), doc, KnobAllowed(env)));
   HVD_KNOBS(HVD_LIST_KNOB)
 #undef HVD_LIST_KNOB
   return out;

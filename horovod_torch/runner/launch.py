@@ -527,6 +527,14 @@ def _check_elastic(parser: argparse.ArgumentParser,
     --max-np the job may grow to every slot found (ElasticOptions.max_np sys.maxsize)."""
     if not args.command:
         parser.error("no command given to run in the workers")
+    for option, value in (("--min-np", args.min_np), ("--max-np", args.max_np),
+                          ("-np", args.num_proc)):
+        if value is not None and value < 1:
+            parser.error(f"{option} must be >= 1, got {value}")
+    if args.reset_limit < 0:
+        parser.error(f"--reset-limit must be >= 0 (0: no limit), got {args.reset_limit}")
+    if not args.elastic_timeout > 0:
+        parser.error(f"--elastic-timeout must be > 0 seconds, got {args.elastic_timeout:g}")
     args.min_np = args.min_np or args.num_proc or 1
     args.num_proc = args.num_proc or args.min_np
     # Without --max-np the job grows to every slot it finds, as Horovod's does.
