@@ -114,20 +114,20 @@ Config Config::FromEnv(std::string* error) {
   // Where an installed package lists its knobs (docs/config.md is in the repository).
   static const char* const kKnobHelp = "python -m horovod_torch.config lists every knob";
   Config c;
-#define HVD_READ_KNOB(member, env, type, def, doc)                                     \
-  if (const char* v = std::getenv(env); v != nullptr && *v != '\0') {                  \
-    type parsed{};                                                                     \
-    std::string why;                                                                   \
-    if (!Parse(v, &parsed)) {                                                          \
-      why = std::string(env) + "='" + v + "' is not " + Expected(#type);               \
-    } else {                                                                           \
-      why = OutOfRange(env, v, parsed);                                                \
-    }                                                                                  \
-    if (why.empty()) {                                                                 \
-      c.member = parsed;                                                               \
-    } else if (error != nullptr) {                                                     \
+#define HVD_READ_KNOB(member, env, type, def, doc)                                      \
+  if (const char* v = std::getenv(env); v != nullptr && *v != '\0') {                   \
+    type parsed{};                                                                      \
+    std::string why;                                                                    \
+    if (!Parse(v, &parsed)) {                                                           \
+      why = std::string(env) + "='" + v + "' is not " + Expected(#type);                \
+    } else {                                                                            \
+      why = OutOfRange(env, v, parsed);                                                 \
+    }                                                                                   \
+    if (why.empty()) {                                                                  \
+      c.member = parsed;                                                                \
+    } else if (error != nullptr) {                                                      \
       *error += std::string(error->empty() ? "" : "; ") + why + " (" + kKnobHelp + ")"; \
-    }                                                                                  \
+    }                                                                                   \
   }
   HVD_KNOBS(HVD_READ_KNOB)
 #undef HVD_READ_KNOB
