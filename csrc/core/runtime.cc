@@ -261,6 +261,10 @@ void Runtime::Loop() {
       // The engine is marked failed before the aborts: a GPU kernel that the abort
       // ends has produced no valid result, and a caller whose wait for the GPU
       // returns then finds the failure already recorded (hvd.elastic's commit fence).
+      {
+        MutexLock lock(mu_);
+        aborted_ = Status::Aborted(st.message());
+      }
       FailAll(Status::Aborted(st.message()));
       transport_->Abort();  // the whole mesh, which process sets share
       for (auto& kv : sets_) {

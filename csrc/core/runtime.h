@@ -89,11 +89,12 @@ class Runtime {
     MutexLock lock(mu_);
     return stopped_;
   }
-  // The error that stopped the engine (Ok while it runs or after a clean shutdown).
-  // Recorded before the GPU communicators are aborted: see Loop().
+  // The error that stopped the engine's loop and aborted its communicators, recorded
+  // before the abort (see Loop()); Ok while it runs, and after a shutdown (this rank's
+  // or another's), which aborts nothing.
   Status failure() {
     MutexLock lock(mu_);
-    return broken_;
+    return aborted_;
   }
   // The CUDA devices of the tensors this process submitted (bit d: cuda:d, d < 64).
   uint64_t gpu_devices() const { return gpu_devices_.load(std::memory_order_relaxed); }
@@ -182,6 +183,7 @@ class Runtime {
   int32_t last_gpu_device_ HVD_GUARDED_BY(mu_) = -1;
   bool stopped_ HVD_GUARDED_BY(mu_) = false;
   Status broken_ HVD_GUARDED_BY(mu_);
+  Status aborted_ HVD_GUARDED_BY(mu_);  // failure()
   std::vector<TimelineCommand> timeline_commands_ HVD_GUARDED_BY(mu_);
   uint64_t timeline_requested_ HVD_GUARDED_BY(mu_) = 0;
   uint64_t timeline_applied_ HVD_GUARDED_BY(mu_) = 0;

@@ -467,7 +467,8 @@ PYBIND11_MODULE(_C, m) {
     MutexLock lock(G().mu);
     return G().runtime != nullptr && !G().runtime->stopped();
   });
-  // (code, message) of the error that stopped the engine ((0, "") while it runs), and
+  // (code, message) of the error that stopped the engine and aborted its communicators
+  // ((0, "") while it runs, and after a shutdown), and
   // the CUDA devices it was given tensors on: hvd.elastic's commit fence.
   m.def("failure", [] {
     Status st;

@@ -43,10 +43,11 @@ def fence_gpu_collectives() -> None:
     before the abort, so a caller that finds the GPU idle and no failure saves state
     computed from completed collectives only, and one that finds a failure must not
     save (commit() restores the last commit instead)."""
-    if not basics.is_initialized():
+    devices = _C.gpu_devices() if basics.is_initialized() else []
+    if not devices:
         return
     try:
-        for device in _C.gpu_devices():
+        for device in devices:
             torch.cuda.synchronize(device)
     except RuntimeError as exc:  # a CUDA error once the communicator was aborted
         code, message = _C.failure()
