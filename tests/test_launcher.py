@@ -367,6 +367,28 @@ def test_progress_bar_is_live(prefix: bool) -> None:
     assert bar.startswith(b"[0]<stderr>:") == prefix, seen
 
 
+def test_two_workers_with_one_label_keep_their_lines_apart() -> None:
+    """Under elastic horovodrun a replacement may carry the label of a worker that
+    still runs: their unfinished lines must not be joined into one (seen as
+    "FINAL rank=1 ...FINAL rank=2 ..." when the forwarder kept one buffer per label)."""
+    import io
+    import threading
+    from horovod_torch.runner.driver import OutputForwarder
+    out = io.BytesIO()
+    forwarder = OutputForwarder(out, err_stream=io.BytesIO())
+    code = ("import sys, time; sys.stdout.write('line %s'); sys.stdout.flush(); "
+            "time.sleep(%s); sys.stdout.write(' ends\\n')")
+    procs = [subprocess.Popen([PY, "-c", code % (name, delay)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE) for name, delay in (("a", 1.0), ("b", 0.3))]
+    threads = [threading.Thread(target=forwarder.pump, args=(2, p)) for p in procs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=TIMEOUT)
+    assert sorted(out.getvalue().decode().splitlines()) == [
+        "[2]<stdout>:line a ends", "[2]<stdout>:line b ends"], out.getvalue()
+
+
 # -- failures and signals -----------------------------------------------------
 
 def test_failure_exit_code_and_others_killed(tmp_path: Path) -> None:

@@ -275,7 +275,9 @@ class OutputForwarder:
             return
         tag = f"[{rank}]<{kind}>:".encode() if self._prefix else b""
         copy = self._open_copy(rank, kind)
-        source = (rank, kind)
+        # One per pipe: under elastic horovodrun a replacement worker may carry the
+        # label (rank) of one that still runs, and their partial lines must not mix.
+        source = (rank, kind, id(pipe))
         try:
             with pipe:
                 while True:
@@ -293,6 +295,11 @@ class OutputForwarder:
             end = b"\n" if self._prefix or self._timestamp else b""
             self._forward(source, kind, b"", tag, final=end)
         finally:
+            with self._lock:
+                self._last.pop(source, None)
+                self._pending.pop(source, None)
+                if self._open.get(kind) == source:
+                    self._open[kind] = None
             if copy is not None:
                 copy.close()
 
@@ -340,7 +347,8 @@ class OutputForwarder:
         holder = self._open.get(kind)
         if holder is not None and holder != source:
             data = b"\n" + data
-            self._last[holder] = b""  # its next output starts a new, prefixed line
+            if holder in self._last:
+                self._last[holder] = b""  # its next output starts a new, prefixed line
         self._open[kind] = None if data.endswith(b"\n") else source
         try:
             self._streams[kind].write(data)
