@@ -416,7 +416,7 @@ def mpi_threads_supported() -> bool:
     alongside horovod_torch. Raises ValueError, as Horovod does, when the engine does
     not run over MPI (or before init())."""
     _world()
-    if not _C.mpi_enabled():
+    if not mpi_enabled():
         raise ValueError("Horovod MPI is not enabled; Please make sure it's installed and "
                          "enabled (start the job with horovodrun --mpi or mpirun, or set "
                          "HOROVOD_CONTROLLER=mpi).")

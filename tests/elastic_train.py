@@ -5,8 +5,8 @@ marker file MARKER; KILL_HOW: exit (status 3, the default), kill (SIGKILL) or st
 (SIGSTOP: it hangs); with DEVICE=cuda and KILL_INSIDE=1 it does so while the others
 are inside the step's NCCL allreduces: its GPU is kept busy so its share never
 starts), BIG_MB (a parameter of that many MB, gradient 1 everywhere, checked at the
-end against the momentum SGD it must have had), EDIT_STEP/EDIT_FILE/EDIT_TEXT (rank 0 rewrites the discovery
-file at that step, to add or remove hosts), WAIT_STEP/WAIT_SIZE (see
+end against the momentum SGD it must have had), EDIT_STEP/EDIT_FILE/EDIT_TEXT (rank 0
+rewrites the discovery file at that step, to add or remove hosts), WAIT_STEP/WAIT_SIZE (see
 tests.workers.edit_hosts_and_wait), LATE_INIT_S (a worker started after the
 kill waits that long before hvd.init(), as a slow start would)."""
 import os
@@ -52,6 +52,8 @@ def die():
     if KILL_HOW == "exit":
         os._exit(3)
     os.kill(os.getpid(), signal.SIGKILL if KILL_HOW == "kill" else signal.SIGSTOP)
+
+
 state.register_reset_callbacks([
     lambda: resets.append(hvd.size()),
     lambda: print(f"RESET size={hvd.size()} at={time.time():.3f}", flush=True)])

@@ -108,16 +108,22 @@ def last_commit() -> Tuple[int, Dict[str, int]]:
         return int(num), {}
 
 
+def _tell_driver(*items: Tuple[str, bytes]) -> None:
+    """Writes (key, value) pairs to the driver's store, in order; if the driver is gone,
+    says so once on stderr (there is nobody to tell)."""
+    try:
+        for key, value in items:
+            _store().set(key, value)
+    except RuntimeError as exc:
+        print(f"horovod_torch: could not report to the driver: {exc}", file=sys.stderr,
+              flush=True)
+
+
 def report_fatal(message: str) -> None:
     """Tells the driver that the job cannot go on: it stops the job (status 1) when
     this worker exits non-zero, instead of starting replacements."""
-    if not _has_store():
-        return
-    try:
-        _store().set(elastic_keys.FATAL_KEY, message.encode())
-    except RuntimeError as exc:  # the driver is gone: nothing to tell
-        print(f"horovod_torch: could not report to the driver: {exc}", file=sys.stderr,
-              flush=True)
+    if _has_store():
+        _tell_driver((elastic_keys.FATAL_KEY, message.encode()))
 
 
 def report_leaving(failure: Optional[str]) -> None:
@@ -127,13 +133,10 @@ def report_leaving(failure: Optional[str]) -> None:
     stopped or hung, and the driver kills it so that the job can re-form without it."""
     if not is_elastic() or not _has_store() or _gen < 0:
         return
-    try:
-        if failure is not None:
-            _store().set(elastic_keys.failed_key(_gen), failure.encode(errors="replace")[:4096])
-        _store().set(elastic_keys.left_key(_gen, launch_env.current().elastic_worker_id), b"1")
-    except RuntimeError as exc:  # the driver is gone: nothing to tell
-        print(f"horovod_torch: could not report to the driver: {exc}", file=sys.stderr,
-              flush=True)
+    failed = [] if failure is None else [
+        (elastic_keys.failed_key(_gen), failure.encode(errors="replace")[:4096])]
+    _tell_driver(*failed,
+                 (elastic_keys.left_key(_gen, launch_env.current().elastic_worker_id), b"1"))
 
 
 class HostUpdateResult(enum.IntFlag):

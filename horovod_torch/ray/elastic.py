@@ -36,10 +36,8 @@ from horovod_torch.ray import _common
 from horovod_torch.ray._common import Settings, setting
 from horovod_torch.ray.worker import REMOVED, BaseHorovodWorker
 from horovod_torch.runner import driver as runner_driver
-from horovod_torch.runner.elastic_driver import ElasticDriver, ElasticOptions
+from horovod_torch.runner.elastic_driver import UNBOUNDED, ElasticDriver, ElasticOptions
 from horovod_torch.runner.hosts import SlotInfo
-
-UNBOUNDED = 1 << 20  # max_workers=None
 
 
 class RayHostDiscovery:

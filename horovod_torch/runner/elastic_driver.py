@@ -45,6 +45,9 @@ REMOVED_GRACE_S = 30.0
 # the others did, while every other one has, is stopped or hung: it is killed.
 HUNG_GRACE_S = 10.0
 HUNG_CHECK_PERIOD_S = 1.0
+# ElasticOptions.max_np when none was given (horovodrun without --max-np, Ray's
+# max_workers=None): the job grows to every slot found.
+UNBOUNDED = 1 << 20
 
 
 @dataclass

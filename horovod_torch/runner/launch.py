@@ -524,7 +524,7 @@ def _check_elastic(parser: argparse.ArgumentParser,
                    args: argparse.Namespace) -> argparse.Namespace:
     """Validates the elastic-mode flags. Without --host-discovery-script the hosts are
     fixed: -H, --hostfile, or this machine with --max-np (else -np) slots. Without
-    --max-np the job may grow to every slot found (ElasticOptions.max_np sys.maxsize)."""
+    --max-np the job may grow to every slot found (elastic_driver.UNBOUNDED)."""
     if not args.command:
         parser.error("no command given to run in the workers")
     for option, value in (("--min-np", args.min_np), ("--max-np", args.max_np),
@@ -539,7 +539,7 @@ def _check_elastic(parser: argparse.ArgumentParser,
     args.num_proc = args.num_proc or args.min_np
     # Without --max-np the job grows to every slot it finds, as Horovod's does.
     bound = args.max_np if args.max_np is not None else max(args.num_proc, args.min_np)
-    if not 1 <= args.min_np <= args.num_proc <= bound:
+    if not args.min_np <= args.num_proc <= bound:  # each >= 1, checked above
         parser.error(f"need 1 <= --min-np ({args.min_np}) <= -np ({args.num_proc}) <= "
                      f"--max-np ({bound})")
     args.fixed_hosts = None
@@ -639,7 +639,7 @@ def _binary(stream: Any) -> Any:
 
 def run_elastic(args: argparse.Namespace) -> int:
     """Run an elastic job under the ElasticDriver."""
-    from horovod_torch.runner.elastic_driver import ElasticDriver, ElasticOptions
+    from horovod_torch.runner.elastic_driver import UNBOUNDED, ElasticDriver, ElasticOptions
     if store_address(args) is None:
         return 1
     remote_exec = None
@@ -668,7 +668,7 @@ def run_elastic(args: argparse.Namespace) -> int:
         return env
 
     opts = ElasticOptions(num_proc=args.num_proc, min_np=args.min_np,
-                          max_np=args.max_np if args.max_np is not None else sys.maxsize,
+                          max_np=args.max_np if args.max_np is not None else UNBOUNDED,
                           discovery_script=args.discovery, slots=args.slots_per_host,
                           fixed_hosts=args.fixed_hosts, reset_limit=args.reset_limit,
                           cooldown=tuple(args.cooldown) if args.cooldown else None,
