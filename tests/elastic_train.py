@@ -23,12 +23,13 @@ if os.environ.get("LATE_INIT_S") and os.path.exists(os.environ.get("MARKER", "")
     time.sleep(float(os.environ["LATE_INIT_S"]))
     print(f"LATE_READY at={time.time():.3f}", flush=True)
 hvd.init()
+DEVICE_INDEX = hvd.local_rank()  # the GPU a script takes once, at start
 torch.manual_seed(0)
 STEPS = int(os.environ.get("STEPS", "40"))
 dev = torch.device("cpu")
 if os.environ.get("DEVICE") == "cuda":
-    torch.cuda.set_device(hvd.local_rank())
-    dev = torch.device("cuda", hvd.local_rank())
+    torch.cuda.set_device(DEVICE_INDEX)
+    dev = torch.device("cuda", DEVICE_INDEX)
 model = nn.Linear(8, 1).to(dev)
 BIG = int(os.environ.get("BIG_MB", "0")) * (1 << 18)  # float32 elements
 if BIG:
@@ -105,4 +106,4 @@ if BIG:  # STEPS steps of momentum SGD with gradient 1, none lost or torn by a f
     big = model.big.detach()
     same = same and bool(torch.allclose(big, torch.full_like(big, p), rtol=1e-4))
 print(f"FINAL rank={hvd.rank()} size={hvd.size()} step={state.step} same={same} "
-      f"resets={resets}", flush=True)
+      f"resets={resets} device={DEVICE_INDEX} local_rank={hvd.local_rank()}", flush=True)

@@ -52,7 +52,7 @@ def exactness(opt_name="sgd", op="average", bpps="1", extra="none", device="cpu"
     """N ranks on 1/N shards end where one process on the whole batch ends.
 
     extra: "none", or any of groups, fp16, compiled (compiled autograd), torch.compile
-    (the model, aot_eager) joined by +."""
+    (the model: aot_eager on the CPU, inductor on a GPU) joined by +."""
     extras = set(extra.split("+"))
     hvd.init()
     r, n = hvd.rank(), hvd.size()
@@ -65,7 +65,7 @@ def exactness(opt_name="sgd", op="average", bpps="1", extra="none", device="cpu"
     model = _model().to(dev)
     if "torch.compile" in extras:
         warnings.filterwarnings("ignore", message=".*Dynamo does not know how to trace")
-        model = torch.compile(model, backend="aot_eager")
+        model = torch.compile(model, backend="aot_eager" if dev.type == "cpu" else "inductor")
     kwargs = {}
     if "groups" in extras:
         kwargs["num_groups"] = 2

@@ -1,8 +1,10 @@
-"""Worker functions for tests/test_sync_bn_sparse.py (run on every rank by harness.py).
+"""Worker functions for tests/test_sync_bn_sparse.py and tests/test_gpu.py (run on every
+rank by harness.py).
 
-Each rank builds every rank's input deterministically, computes the reference in this
-one process (a plain torch BatchNorm over the concatenated batch; a dense sum for the
-sparse allreduce) and raises on a mismatch."""
+Each rank builds every rank's input deterministically on the CPU, computes the reference
+in this one process there (a plain torch BatchNorm over the concatenated batch; a dense
+sum for the sparse allreduce), runs ours on `device` ("cpu" or "cuda": this rank's GPU)
+and raises on a mismatch."""
 import torch
 
 import horovod_torch as hvd
@@ -15,7 +17,17 @@ def _gen(seed: int, rank: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1000 + rank)
 
 
+def _device(kind: str) -> torch.device:
+    if kind == "cuda":
+        torch.cuda.set_device(hvd.local_rank())
+        # The CPU reference computes convolutions in float32; TF32 would not.
+        torch.backends.cudnn.allow_tf32 = False
+        return torch.device("cuda", hvd.local_rank())
+    return torch.device("cpu")
+
+
 def _close(got: torch.Tensor, want: torch.Tensor, what: str, tol: float) -> None:
+    got, want = got.cpu(), want.cpu()
     assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
     assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
     diff = (got.double() - want.double()).abs().max().item() if got.numel() else 0.0
@@ -52,10 +64,10 @@ def _bn_inputs(seed, q, batch, feat, dtype):
     return x.to(dtype), dy.to(dtype)
 
 
-def _check_bn_case(case_index, n, r):
+def _check_bn_case(case_index, n, r, dev):
     label, ref_cls, feat, b2, b3, dtype, kwargs = BN_CASES[case_index]
     batches = b2 if n == 2 else b3 if n == 3 else [2 + q % 3 for q in range(n)]
-    tol = 1e-5 if dtype == torch.float32 else 1e-10
+    tol = (1e-5 if dev.type == "cpu" else 1e-4) if dtype == torch.float32 else 1e-10
     channels = feat[0]
     spatial_dims = [0] + list(range(2, 1 + len(feat)))
 
@@ -69,7 +81,7 @@ def _check_bn_case(case_index, n, r):
             for m in (sync, ref):
                 m.weight.copy_(w.to(dtype))
                 m.bias.copy_(b.to(dtype))
-    sync.train()
+    sync.to(dev).train()
     ref.train()
 
     for step in range(3):
@@ -79,9 +91,9 @@ def _check_bn_case(case_index, n, r):
         start, stop = sum(batches[:r]), sum(batches[:r + 1])
 
         # this rank: synchronized module on its own slice
-        x = xs[r].clone().requires_grad_()
+        x = xs[r].to(dev).clone().requires_grad_()
         y = sync(x)
-        (y * dys[r]).sum().backward()
+        (y * dys[r].to(dev)).sum().backward()
 
         # reference: one BatchNorm over the concatenated batch
         xr = torch.cat(xs).clone().requires_grad_()
@@ -123,17 +135,17 @@ def _check_bn_case(case_index, n, r):
     for _ in range(2 if r == 0 else 1):
         x, _ = _bn_inputs(999 + case_index, r, 3, feat, dtype)
         with torch.no_grad():
-            _close(sync(x), ref(x), f"[{label} n={n} rank={r}] eval output", tol)
+            _close(sync(x.to(dev)), ref(x), f"[{label} n={n} rank={r}] eval output", tol)
 
 
-def _check_two_modules_network(n, r):
+def _check_two_modules_network(n, r, dev):
     """Two SyncBatchNorms in one network (distinct collective names), conv gradient
     summed over ranks equals the single-process one."""
     def build(bn):
         torch.manual_seed(5)
         return torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3, padding=1), bn(3), torch.nn.ReLU(),
                                    torch.nn.Conv2d(3, 4, 1), bn(4))
-    net, ref = build(SyncBatchNorm), build(torch.nn.BatchNorm2d)
+    net, ref = build(SyncBatchNorm).to(dev), build(torch.nn.BatchNorm2d)
     batches = [2 + q for q in range(n)]
     xs = [torch.randn(batches[q], 2, 5, 5, generator=_gen(4242, q)) for q in range(n)]
     dys = [torch.randn(batches[q], 4, 5, 5, generator=_gen(4343, q)) for q in range(n)]
@@ -141,9 +153,9 @@ def _check_two_modules_network(n, r):
     for step in range(2):
         net.zero_grad()
         ref.zero_grad()
-        x = xs[r].clone().requires_grad_()
+        x = xs[r].to(dev).clone().requires_grad_()
         y = net(x)
-        (y * dys[r]).sum().backward()
+        (y * dys[r].to(dev)).sum().backward()
         xr = torch.cat(xs).requires_grad_()
         yr = ref(xr)
         (yr * torch.cat(dys)).sum().backward()
@@ -153,15 +165,16 @@ def _check_two_modules_network(n, r):
             g = hvd.allreduce(p.grad, op=hvd.Sum, name=f"net.{step}.{pn}")
             _close(g, pr.grad, f"network summed grad {pn}", 1e-4)
         for (bn, b), br in zip(net.named_buffers(), ref.buffers()):
-            _close(b, br, f"network buffer {bn}", 1e-5)
+            _close(b, br, f"network buffer {bn}", 1e-5 if dev.type == "cpu" else 1e-4)
 
 
-def sync_bn() -> None:
+def sync_bn(device: str = "cpu") -> None:
     hvd.init()
     n, r = hvd.size(), hvd.rank()
+    dev = _device(device)
     for i in range(len(BN_CASES)):
-        _check_bn_case(i, n, r)
-    _check_two_modules_network(n, r)
+        _check_bn_case(i, n, r, dev)
+    _check_two_modules_network(n, r, dev)
     hvd.barrier()
     print("sync bn ok", flush=True)
     hvd.shutdown()
@@ -188,21 +201,22 @@ def _check_sparse_result(out, tensors, op, n, what):
     assert isinstance(out, torch.Tensor) and out.layout == torch.sparse_coo, what
     assert out.is_coalesced(), f"{what}: not coalesced"
     assert out.size() == tensors[0].size() and out.dtype == tensors[0].dtype, what
-    dense = tensors[0].to_dense().double()
+    dense = tensors[0].cpu().to_dense().double()
     for t in tensors[1:]:
-        dense = dense + t.to_dense().double()
+        dense = dense + t.cpu().to_dense().double()
     if op == hvd.Average:
         dense = dense / n if out.dtype.is_floating_point else (dense / n).trunc()
-    got = out.to_dense()
+    got = out.cpu().to_dense()
     if out.dtype.is_floating_point:
         _close(got.double(), dense, what, 1e-5)
     else:
         assert torch.equal(got.long(), dense.long()), f"{what}: {got} != {dense}"
 
 
-def sparse() -> None:
+def sparse(device: str = "cpu") -> None:
     hvd.init()
     n, r = hvd.size(), hvd.rank()
+    dev = _device(device)
     cases = [
         # (label, size, nnz per rank, dtype, sparse_dim)
         ("2d", (10, 6), [3 + 4 * q for q in range(n)], torch.float32, None),
@@ -213,7 +227,7 @@ def sparse() -> None:
         ("all-empty", (5, 5), [0] * n, torch.float32, None),
     ]
     for ci, (label, size, nnzs, dtype, sdim) in enumerate(cases):
-        tensors = [_sparse(ci, q, size, nnzs[q], dtype, sdim) for q in range(n)]
+        tensors = [_sparse(ci, q, size, nnzs[q], dtype, sdim).to(dev) for q in range(n)]
         for op in (hvd.Sum, hvd.Average):
             what = f"[sparse {label} op={op} n={n} rank={r}]"
             h = sparse_allreduce_async(tensors[r], name=f"sp.{label}.{op}", op=op)
@@ -227,7 +241,7 @@ def sparse() -> None:
             _check_sparse_result(out, tensors, op, n, what)
 
     # several in flight at once, unnamed, synchronized in reverse order
-    tensors = [[_sparse(50 + k, q, (7, 7), 3 + q + k, torch.float32) for q in range(n)]
+    tensors = [[_sparse(50 + k, q, (7, 7), 3 + q + k, torch.float32).to(dev) for q in range(n)]
                for k in range(4)]
     handles = [sparse_allreduce_async(tensors[k][r], op=hvd.Sum) for k in range(4)]
     for k in reversed(range(4)):
@@ -235,14 +249,14 @@ def sparse() -> None:
                              f"[sparse in flight {k}]")
 
     # a sparse embedding gradient, averaged as Horovod's optimizer would
-    emb = torch.nn.Embedding(20, 3, sparse=True)
-    ids = torch.randint(0, 20, (6,), generator=_gen(7, r))
+    emb = torch.nn.Embedding(20, 3, sparse=True).to(dev)
+    ids = torch.randint(0, 20, (6,), generator=_gen(7, r)).to(dev)
     emb(ids).sum().backward()
-    grads = hvd.allgather_object(emb.weight.grad)
+    grads = hvd.allgather_object(emb.weight.grad.cpu())
     out = sparse_allreduce_async(emb.weight.grad, name="sp.emb", op=hvd.Average).synchronize()
     _check_sparse_result(out, grads, hvd.Average, n, "[sparse embedding grad]")
 
-    for bad, kwargs in [(torch.zeros(3), {}), (tensors[0][r], dict(op=hvd.Max))]:
+    for bad, kwargs in [(torch.zeros(3, device=dev), {}), (tensors[0][r], dict(op=hvd.Max))]:
         try:
             sparse_allreduce_async(bad, name="sp.bad", **kwargs)
         except ValueError:

@@ -72,6 +72,24 @@ def test_stopped_worker_is_killed_and_the_job_goes_on(tmp_path):
     _assert_trained_on(out, 60, 2, "a worker's SIGSTOP")
 
 
+def test_replacement_takes_the_dead_workers_local_rank(tmp_path):
+    """Rank 0 of a host's two dies. Its replacement gets local rank 0, the one freed,
+    and the survivor keeps local rank 1: a script that picks its GPU once with
+    torch.cuda.set_device(hvd.local_rank()) keeps one process per GPU (before: the
+    replacement got local rank 1, the survivor's GPU, and NCCL refuses two ranks on
+    one GPU)."""
+    rc, out = _run(tmp_path, "localhost:2", {"KILL_RANK": "0", "KILL_STEP": "10",
+                                             "STEPS": "40", "STEP_SLEEP": "0.05",
+                                             "WAIT_STEP": "15", "WAIT_SIZE": "2"},
+                   ["-np", "2", "--min-np", "1", "--max-np", "2",
+                    "--blacklist-cooldown-range", "1", "2"])
+    assert rc == 0, out
+    finals = _finals(out)
+    assert len(finals) == 2 and all(f["size"] == "2" for f in finals), out
+    assert sorted(f["device"] for f in finals) == ["0", "1"], out
+    assert all(f["local_rank"] == f["device"] for f in finals), out
+
+
 def test_without_max_np_the_job_grows_to_every_slot_found(tmp_path):
     """-np 1 and discovery printing localhost:2, no --max-np: the job grows to 2
     workers, as Horovod's (before: --max-np defaulted to -np, so it never grew)."""

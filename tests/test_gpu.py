@@ -27,6 +27,26 @@ def test_out_of_order_and_hundreds_of_small_tensors_on_gpu():
                 timeout=240)
 
 
+def test_autograd_through_every_collective_on_gpu():
+    run_workers("tests.workers:autograd", 2, args=["cuda"], env=GPU_ENV, timeout=240)
+
+
+def test_join_with_uneven_batches_on_gpu():
+    run_workers("tests.workers:join_uneven", 2, args=["cuda"], env=GPU_ENV, timeout=240)
+
+
+def test_sync_batch_norm_on_gpu():
+    results = run_workers("tests.sync_bn_sparse_workers:sync_bn", 2, args=["cuda"],
+                          env=GPU_ENV, timeout=240)
+    assert all("sync bn ok" in r.output for r in results)
+
+
+def test_sparse_allreduce_on_gpu():
+    results = run_workers("tests.sync_bn_sparse_workers:sparse", 2, args=["cuda"],
+                          env=GPU_ENV, timeout=240)
+    assert all("sparse ok" in r.output for r in results)
+
+
 def test_mixed_cpu_and_gpu_tensors():
     results = run_workers("tests.workers:mixed_cpu_gpu", 2, env=GPU_ENV, timeout=240)
     for r in results:
@@ -36,6 +56,10 @@ def test_mixed_cpu_and_gpu_tensors():
 @pytest.mark.parametrize("opt,op,bpps,extra,native", [
     ("sgd", "average", 1, "none", "1"), ("adam", "sum", 2, "none", "1"),
     ("adam", "average", 1, "fp16", "1"), ("sgd", "average", 1, "none", "0"),
+    ("adam", "average", 2, "groups", "1"),
+    # the model under torch.compile (inductor) and the backward under compiled autograd
+    ("sgd", "average", 1, "torch.compile", "1"), ("adam", "average", 2, "torch.compile", "1"),
+    ("sgd", "sum", 1, "compiled", "1"),
 ])
 def test_optimizer_exactness_on_gpu(opt, op, bpps, extra, native):
     # native: the gradient hooks in C++ (1, default) or Python (0)
@@ -143,3 +167,20 @@ def test_elastic_training_goes_on_after_a_gpu_worker_fails_inside_allreduce(tmp_
                     "--blacklist-cooldown-range", "1", "2"], timeout=300)
     assert rc == 0, out
     _assert_trained_on(out, 40, size, f"a {how} at {size} GPUs")
+
+
+def test_replacement_worker_takes_the_freed_gpu(tmp_path):
+    """Rank 0 (GPU 0) dies; its replacement gets local rank 0 and so GPU 0, and every
+    survivor keeps its GPU (before: the replacement got a survivor's local rank, two
+    ranks shared a GPU, and NCCL refused the communicator)."""
+    from tests.test_elastic import _finals, _run
+    size = min(4, torch.cuda.device_count())
+    rc, out = _run(tmp_path, f"localhost:{size}",
+                   {"KILL_RANK": "0", "KILL_STEP": "10", "DEVICE": "cuda", "STEPS": "30",
+                    "WAIT_STEP": "15", "WAIT_SIZE": str(size), **GPU_ENV},
+                   ["-np", str(size), "--min-np", "1", "--max-np", str(size),
+                    "--blacklist-cooldown-range", "1", "2"], timeout=300)
+    assert rc == 0, out
+    finals = _finals(out)
+    assert len(finals) == size and all(f["same"] == "True" for f in finals), out
+    assert sorted(f["device"] for f in finals) == [str(d) for d in range(size)], out

@@ -478,43 +478,46 @@ def out_of_order_and_many(device: str = "cpu") -> None:
     print("order ok", flush=True)
 
 
-def autograd() -> None:
+def autograd(device: str = "cpu") -> None:
     """Gradients flow through allreduce, allgather, broadcast, alltoall, reducescatter
     and their grouped forms, with Horovod's conventions: allgather's and broadcast's
     gradients are averaged over the ranks; reducescatter's is the gathered output
-    gradient, times the set's size for Sum."""
+    gradient, times the set's size for Sum. On `device` ("cpu" or "cuda")."""
     hvd.init()
     r, n = hvd.rank(), hvd.size()
-    x = torch.full((4,), float(r + 1), requires_grad=True)
+    dev = _device(device)
+    x = torch.full((4,), float(r + 1), requires_grad=True, device=dev)
     hvd.allreduce(x, op=hvd.Sum, name="g.ar").sum().backward()
     assert x.grad.tolist() == [float(n)] * 4, x.grad
-    x = torch.ones(r + 1, 2, requires_grad=True)
+    x = torch.ones(r + 1, 2, requires_grad=True, device=dev)
     y = hvd.allgather(x, name="g.ag")
     (y * (r + 1)).sum().backward()  # averaged over ranks: (1 + ... + n) / n
     assert x.grad.tolist() == [[(n + 1) / 2] * 2] * (r + 1), x.grad
-    x = torch.ones(3, requires_grad=True)
+    x = torch.ones(3, requires_grad=True, device=dev)
     (hvd.broadcast(x, 0, name="g.bc") * (r + 1)).sum().backward()
     assert x.grad.tolist() == ([(n + 1) / 2] * 3 if r == 0 else [0.0] * 3), x.grad
-    x = torch.ones(2 * n, requires_grad=True)
+    x = torch.ones(2 * n, requires_grad=True, device=dev)
     out = hvd.alltoall(x, name="g.a2a")
     (out * (r + 1)).sum().backward()
     assert x.grad.tolist() == [float(q + 1) for q in range(n) for _ in range(2)], x.grad
     for op, per_row in ((hvd.Sum, float(n)), (hvd.Average, 1.0)):
-        x = torch.ones(2 * n, 3, requires_grad=True)
+        x = torch.ones(2 * n, 3, requires_grad=True, device=dev)
         out = hvd.reducescatter(x, op=op, name=f"g.rs.{op}")
         out.sum().backward()
         assert x.grad.tolist() == [[per_row] * 3] * (2 * n), (op, x.grad)
     # grouped: the same gradients as one op per tensor
-    xs = [torch.full((3,), float(r + 1), requires_grad=True) for _ in range(2)]
+    xs = [torch.full((3,), float(r + 1), requires_grad=True, device=dev) for _ in range(2)]
     outs = hvd.grouped_allreduce(xs, op=hvd.Sum, name="g.gar")
     sum(o.sum() * (i + 1) for i, o in enumerate(outs)).backward()
     assert [x.grad.tolist() for x in xs] == [[float(n)] * 3, [2.0 * n] * 3], xs
-    xs = [torch.ones(r + 1, 2, requires_grad=True), torch.ones(1, requires_grad=True)]
+    xs = [torch.ones(r + 1, 2, requires_grad=True, device=dev),
+          torch.ones(1, requires_grad=True, device=dev)]
     outs = hvd.grouped_allgather(xs, name="g.gag")
     sum(o.sum() * (r + 1) for o in outs).backward()
     assert xs[0].grad.tolist() == [[(n + 1) / 2] * 2] * (r + 1), xs[0].grad
     assert xs[1].grad.tolist() == [(n + 1) / 2], xs[1].grad
-    xs = [torch.ones(2 * n, requires_grad=True), torch.ones(n, 2, requires_grad=True)]
+    xs = [torch.ones(2 * n, requires_grad=True, device=dev),
+          torch.ones(n, 2, requires_grad=True, device=dev)]
     outs = hvd.grouped_reducescatter(xs, op=hvd.Sum, name="g.grs")
     sum(o.sum() for o in outs).backward()
     assert xs[0].grad.tolist() == [float(n)] * (2 * n), xs[0].grad
@@ -576,25 +579,28 @@ def stall() -> None:
     hvd.shutdown()
 
 
-def join_uneven() -> None:
+def join_uneven(device: str = "cpu") -> None:
     """Rank r has 2r+2 batches: ranks that run out call hvd.join() and contribute
-    zeros to the others' allreduces; join() returns the last rank to join."""
+    zeros to the others' allreduces; join() returns the last rank to join. On `device`
+    ("cpu" or "cuda")."""
     hvd.init()
     r, n = hvd.rank(), hvd.size()
+    dev = _device(device)
     steps = 2 * r + 2
     for i in range(steps):
         active = sum(1 for q in range(n) if 2 * q + 2 > i)
-        out = hvd.allreduce(torch.ones(3), name=f"step.{i}", op=hvd.Sum)
+        out = hvd.allreduce(torch.ones(3, device=dev), name=f"step.{i}", op=hvd.Sum)
         assert out.tolist() == [float(active)] * 3, (i, out)
-        avg = hvd.allreduce(torch.ones(2), name=f"avg.{i}")  # Average over all ranks
-        assert torch.allclose(avg, torch.full((2,), active / n)), (i, avg)
+        avg = hvd.allreduce(torch.ones(2, device=dev), name=f"avg.{i}")  # Average of all
+        assert torch.allclose(avg, torch.full((2,), active / n, device=dev)), (i, avg)
     last = hvd.join()
     assert last == n - 1, last
     # After everyone joined, normal collectives work again, cached names included.
-    assert hvd.allreduce(torch.ones(1), name="step.0", op=hvd.Sum).item() == n
+    assert hvd.allreduce(torch.ones(1, device=dev), name="step.0", op=hvd.Sum).item() == n
     if n > 1:
         if r == 0:
-            expect_raises(RuntimeError, lambda: hvd.allgather(torch.ones(1), name="ag_joined"),
+            expect_raises(RuntimeError,
+                          lambda: hvd.allgather(torch.ones(1, device=dev), name="ag_joined"),
                           "join")
         else:
             hvd.join()

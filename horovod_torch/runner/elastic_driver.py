@@ -15,6 +15,7 @@ rank 0 is an old worker holding the training state.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import os
@@ -97,16 +98,30 @@ def parse_discovery(output: str, default_slots: int) -> Dict[str, int]:
     return found
 
 
-def assign(host_per_rank: Sequence[str]) -> List[hosts.SlotInfo]:
-    """Placement of ranks 0..n-1 on the given hosts (Horovod's rules: local rank counts
-    a host's ranks; cross rank is the host's index among the hosts with that local
-    rank, in order of first appearance)."""
-    per_host: Dict[str, int] = {}
-    local = []
-    for host in host_per_rank:
-        local.append(per_host.get(host, 0))
-        per_host[host] = local[-1] + 1
-    order = list(per_host)
+def assign(host_per_rank: Sequence[str],
+           home: Optional[Sequence[Optional[int]]] = None) -> List[hosts.SlotInfo]:
+    """Placement of ranks 0..n-1 on the given hosts (Horovod's rules: a host's ranks
+    have local ranks 0..k-1; cross rank is the host's index among the hosts with that
+    local rank, in order of first appearance).
+
+    home: each rank's local rank when its process started, or None for a new one. A
+    script picks its GPU once, with torch.cuda.set_device(hvd.local_rank()), so a
+    rank keeps its home when it is below its host's count; the others take the local
+    ranks left, in rank order. A replacement thus gets the GPU its predecessor freed,
+    never a survivor's."""
+    home = list(home) if home is not None else [None] * len(host_per_rank)
+    per_host = collections.Counter(host_per_rank)
+    taken: Dict[str, set] = {h: set() for h in per_host}
+    local: List[Optional[int]] = [None] * len(host_per_rank)
+    for i, (host, h) in enumerate(zip(host_per_rank, home)):
+        if h is not None and h < per_host[host] and h not in taken[host]:
+            local[i] = h
+            taken[host].add(h)
+    for i, host in enumerate(host_per_rank):
+        if local[i] is None:
+            local[i] = min(set(range(per_host[host])) - taken[host])
+            taken[host].add(local[i])
+    order = list(dict.fromkeys(host_per_rank))
     slots = []
     for rank, (host, lrank) in enumerate(zip(host_per_rank, local)):
         cross = [h for h in order if per_host[h] > lrank]
@@ -370,6 +385,11 @@ class ElasticDriver:
         return w
 
     @staticmethod
+    def _home(w: _Worker) -> Optional[int]:
+        """The local rank `w` was started with (see assign)."""
+        return w.slot.local_rank if w.slot else None
+
+    @staticmethod
     def _rank_order(w: _Worker) -> Tuple[bool, int, int]:
         """Survivors first, in their rank order, then new workers as they started."""
         return (w.rank < 0, w.rank, w.seq)
@@ -415,7 +435,7 @@ class ElasticDriver:
         per_host: Dict[str, List[_Worker]] = {}
         for w in live:
             per_host.setdefault(w.host, []).append(w)
-        for w, s in zip(live, assign([w.host for w in live])):
+        for w, s in zip(live, assign([w.host for w in live], [self._home(w) for w in live])):
             w.rank = s.rank
             value = (f"{s.rank},{s.size},{s.local_rank},{s.local_size},{s.cross_rank},"
                      f"{s.cross_size}")
@@ -430,7 +450,8 @@ class ElasticDriver:
         """Starts workers on free slots up to `limit` live workers; True if any."""
         live = sorted(self._live(), key=self._rank_order)
         new = self._free_slots()[:max(0, limit - len(live))]
-        planned = assign([w.host for w in live] + new)
+        planned = assign([w.host for w in live] + new,
+                         [self._home(w) for w in live] + [None] * len(new))
         for slot in planned[len(live):]:
             self._spawn(slot)
         return bool(new)
