@@ -46,6 +46,11 @@ def test_join_with_uneven_data(size):
     run_workers("tests.workers:join_uneven", size, timeout=90)
 
 
+@pytest.mark.parametrize("size", [2, 4])
+def test_ops_beside_a_join_fail_at_once(size):
+    run_workers("tests.workers:join_beside_other_ops", size, timeout=90)
+
+
 @pytest.mark.parametrize("knob,control", [("1", "1"), ("0", "1"), ("1", "0")])
 def test_all_collectives_with_shared_memory_always_or_never(knob, control):
     """knob 1: every size through the host's shared-memory segment; 0: flat TCP only

@@ -695,3 +695,39 @@ def unnamed_from_threads(ops: str = "200") -> None:
     assert not wrong, f"{len(wrong)} wrong sums, e.g. {wrong[:3]}"
     hvd.shutdown()
     print("unnamed ops from two threads ok", flush=True)
+
+
+def join_beside_other_ops() -> None:
+    """While a rank has joined, ops other than allreduce fail at once on the ranks that
+    submitted them: named or not, cached or not, grouped or not. Unnamed ops are
+    numbered apart once different ranks joined first (as in Horovod's
+    test_horovod_join_allgather at 4 ranks); before, they waited for each other forever,
+    and a cached allgather ran on the joined rank without a tensor (a segfault)."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    for _ in range(2):  # cached from the second time on
+        hvd.allgather(torch.ones(2), name="j.ag")
+        hvd.broadcast(torch.ones(2), 0, name="j.bc")
+    for first in range(n):
+        if r == first:
+            ret = hvd.join()
+        else:
+            t0 = time.monotonic()
+            expect_raises(RuntimeError, lambda: hvd.allgather(torch.ones(3)), "called hvd.join()")
+            expect_raises(RuntimeError, lambda: hvd.allgather(torch.ones(2), name="j.ag"),
+                          "'j.ag' is a allgather", f"ranks [{first}] called hvd.join()")
+            expect_raises(RuntimeError, lambda: hvd.broadcast(torch.ones(2), 0, name="j.bc"),
+                          "called hvd.join()")
+            expect_raises(RuntimeError, lambda: hvd.alltoall(torch.ones(n)), "called hvd.join()")
+            expect_raises(RuntimeError,
+                          lambda: hvd.grouped_allgather([torch.ones(1), torch.ones(2)]),
+                          "called hvd.join()")
+            assert time.monotonic() - t0 < 10, time.monotonic() - t0
+            # allreduce still runs, with the joined rank's zeros
+            out = hvd.allreduce(torch.ones(2), op=hvd.Sum, name=f"j.ar.{first}")
+            assert out.tolist() == [n - 1.0] * 2, out
+            ret = hvd.join()
+        assert hvd.allgather_object(ret) == [ret] * n
+    assert hvd.allgather(torch.ones(2), name="j.ag").shape == (2 * n,)
+    hvd.shutdown()
+    print("join beside other ops ok", flush=True)

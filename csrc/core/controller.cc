@@ -244,6 +244,8 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
       ++p.count;
     }
   }
+  std::map<int64_t, std::string> failed_groups;  // every rank's group id of a failed name
+  FailBesideJoin(lists, &failed_groups, &out);
   // Cached repeats: ready when every rank that has not joined has it pending (none,
   // when every rank has joined).
   bool any_active = false;
@@ -286,7 +288,6 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
     ready.emplace_back(p.order, kv.first);
   }
   std::sort(ready.begin(), ready.end());
-  std::map<int64_t, std::string> failed_groups;  // every rank's group id of a failed name
   for (const auto& o : ready) {
     const Pending& p = table_[o.second];
     Response resp = p.count == size ? Match(p.by_rank, size) : MatchJoined(p.by_rank, size);
@@ -309,6 +310,54 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
   FailRestOfFailedGroups(failed_groups, &out);
   InspectStalls(lists, &out);
   return out;
+}
+
+// While a rank has joined, only allreduces run (it contributes zeros): any other op
+// fails at once on the ranks that submitted it. Waiting for the rest to submit it
+// would hang when their unnamed ops are numbered apart (a rank that joined earlier
+// skipped one, as in Horovod's test_horovod_join_allgather at 4 ranks). A cached
+// repeat of such an op is invalidated instead, so that its ranks send it in full
+// next cycle and it fails here (before, it ran on the joined rank without a tensor:
+// a segfault).
+void Controller::FailBesideJoin(const std::vector<RequestList>& lists,
+                                std::map<int64_t, std::string>* failed_groups, ResponseList* out) {
+  const int size = static_cast<int>(joined_.size());
+  std::string joined;
+  for (int r = 0; r < size; ++r) {
+    if (joined_[r]) joined += (joined.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (joined.empty()) return;
+  auto allowed = [](OpType t) { return t == OpType::kAllreduce || t == OpType::kJoin; };
+  for (size_t pos = 0; pos < cache_.capacity(); ++pos) {
+    bool any = false;
+    for (const auto& l : lists) any = any || TestBit(l.ready_bits, pos);
+    if (any && !allowed(cache_.Get(static_cast<int>(pos)).type)) SetBit(&out->invalid_bits, pos);
+  }
+  for (auto it = table_.begin(); it != table_.end();) {
+    const Request* r0 = nullptr;
+    for (const auto& q : it->second.by_rank) {
+      if (!q.name.empty()) r0 = &q;
+    }
+    if (r0 == nullptr || allowed(r0->type)) {
+      ++it;
+      continue;
+    }
+    Response resp;
+    resp.type = r0->type;
+    resp.name = it->first;
+    resp.group_id = r0->group_id;
+    resp.error = "'" + it->first + "' is a " + OpTypeName(r0->type) + ", but ranks [" + joined +
+                 "] called hvd.join(); only allreduce can run while ranks have joined";
+    for (size_t r = 0; r < it->second.by_rank.size(); ++r) {
+      const Request& q = it->second.by_rank[r];
+      if (q.name.empty()) continue;
+      resp.rank_rows.push_back(static_cast<int64_t>(r));
+      if (q.group_id != 0) failed_groups->emplace(q.group_id, resp.error);
+    }
+    if (timeline_ != nullptr) timeline_->NegotiateEnd(resp.name);
+    out->responses.push_back(std::move(resp));
+    it = table_.erase(it);
+  }
 }
 
 // A group that failed to match fails whole: members that some ranks submitted and
@@ -560,21 +609,10 @@ Response Controller::Match(const std::vector<Request>& reqs, int size) {
 
 Response Controller::MatchJoined(const std::vector<Request>& reqs, int size) {
   std::vector<Request> present;
-  std::string missing;
-  for (size_t r = 0; r < reqs.size(); ++r) {
-    if (!reqs[r].name.empty()) {
-      present.push_back(reqs[r]);
-    } else {
-      missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-    }
+  for (const auto& r : reqs) {
+    if (!r.name.empty()) present.push_back(r);
   }
-  Response resp = Match(present, size);
-  if (resp.error.empty() && resp.type != OpType::kAllreduce) {
-    resp.error = std::string("'") + resp.name + "' is a " + OpTypeName(resp.type) +
-                 ", but ranks [" + missing +
-                 "] called hvd.join(); only allreduce can run while ranks have joined";
-  }
-  return resp;
+  return Match(present, size);  // an allreduce: any other op failed in FailBesideJoin
 }
 
 void Controller::TraceCachedBits(const std::vector<RequestList>& lists, const ResponseList& out) {

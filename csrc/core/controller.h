@@ -73,7 +73,7 @@ class Controller {
   // Coordinator's validation of one name's requests (one per rank, by rank).
   // Exposed for tests.
   static Response Match(const std::vector<Request>& reqs, int size);
-  // Match when some ranks joined: their entries are empty (no name).
+  // Match of an allreduce when some ranks joined: their entries are empty (no name).
   static Response MatchJoined(const std::vector<Request>& reqs, int size);
 
  private:
@@ -116,6 +116,10 @@ class Controller {
   int last_joined_ = -1;
 
   // Stall inspector state: cache positions some ranks have pending, since when.
+  // Coordinator, while ranks have joined: fails every op but allreduce and join (see
+  // the .cc), adding failed groups to *failed_groups.
+  void FailBesideJoin(const std::vector<RequestList>& lists,
+                      std::map<int64_t, std::string>* failed_groups, ResponseList* out);
   // failed: group id (of any rank's request of a failed name) -> its error.
   void FailRestOfFailedGroups(const std::map<int64_t, std::string>& failed, ResponseList* out);
   void InspectStalls(const std::vector<RequestList>& lists, ResponseList* out);

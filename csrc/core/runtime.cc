@@ -396,7 +396,8 @@ Status Runtime::Execute(ProcessSetState& ps, const std::vector<Response>& respon
       for (size_t i : batch) {
         const Response& resp = responses[i];
         auto it = pending_.find(resp.name);
-        const bool not_ours =  // a failed group's member this rank did not submit
+        const bool not_ours =  // an error for other ranks' op (a failed group's member,
+                               // an op beside a join) that this rank did not submit
             !resp.error.empty() && !resp.rank_rows.empty() &&
             std::find(resp.rank_rows.begin(), resp.rank_rows.end(), ps.transport->rank()) ==
                 resp.rank_rows.end();
