@@ -9,14 +9,16 @@ from tests.harness import ROOT
 SCRIPT = os.path.join(ROOT, "tests", "elastic_train.py")
 
 
-def _run(tmp_path, hosts_text, extra_env, args=(), timeout=240, script=SCRIPT):
+def _run(tmp_path, hosts_text, extra_env, args=(), timeout=240, script=SCRIPT, before=""):
+    """horovodrun with a discovery script printing tmp_path/hosts.txt (after the shell
+    lines `before`)."""
     hosts_file = tmp_path / "hosts.txt"
     hosts_file.write_text(hosts_text.replace(";", "\n") + "\n")
     discover = tmp_path / "discover.sh"
-    discover.write_text(f"#!/bin/sh\ncat {hosts_file}\n")
+    discover.write_text(f"#!/bin/sh\n{before}cat {hosts_file}\n")
     discover.chmod(0o755)
-    env = dict(os.environ, PYTHONPATH=ROOT, MARKER=str(tmp_path / "killed"),
-               EDIT_FILE=str(hosts_file), OMP_NUM_THREADS="1", **extra_env)
+    env = {**os.environ, "PYTHONPATH": ROOT, "MARKER": str(tmp_path / "killed"),
+           "EDIT_FILE": str(hosts_file), "OMP_NUM_THREADS": "1", **extra_env}
     cmd = [sys.executable, "-m", "horovod_torch.runner", "--host-discovery-script",
            str(discover), *args, sys.executable, script]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -115,6 +117,26 @@ def test_survivor_trains_on_until_the_replacement_reaches_init(tmp_path):
     grown = [float(t) for t in re.findall(r"RESET size=2 at=([\d.]+)", out)]
     assert grown, "the replacement worker did not join:\n" + out
     assert min(grown) >= ready, out
+
+
+def test_a_blink_of_host_discovery_changes_nothing(tmp_path):
+    """The discovery script prints no host for about 3 s, then the host again, with
+    --min-np 1: the workers train on, nothing resets (before: both were removed, a
+    fresh worker formed a generation alone, and the job stopped with
+    CommittedStateLostError)."""
+    blink = tmp_path / "blink"
+    before = (f'if [ -f {blink} ] && [ $(( $(date +%s) - $(stat -c %Y {blink}) )) -lt 3 ]; '
+              'then exit 0; fi\n')
+    rc, out = _run(tmp_path, "localhost:2", {"EDIT_STEP": "10", "EDIT_FILE": str(blink),
+                                             "EDIT_TEXT": "now", "STEPS": "120",
+                                             "STEP_SLEEP": "0.05"},
+                   ["-np", "2", "--min-np", "1", "--max-np", "2"], before=before)
+    assert rc == 0, out
+    assert "no longer lists localhost" in out and "listed again" in out, out
+    finals = _finals(out)
+    assert len(finals) == 2 and all(f["step"] == "120" and f["size"] == "2" and
+                                    f["same"] == "True" and f["resets"] == "[]"
+                                    for f in finals), out
 
 
 def test_host_added_joins_running_job(tmp_path):

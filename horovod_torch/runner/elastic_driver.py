@@ -286,6 +286,7 @@ class ElasticDriver:
         self._discovery_trouble: Optional[str] = None  # the failure last logged, if any
         self._next_hung_check = 0.0
         self._failure_seen: Optional[Tuple[int, float]] = None  # (generation, when)
+        self._vanished_since: Optional[float] = None  # see _remove_vanished
 
     # -- discovery ---------------------------------------------------------------
 
@@ -448,7 +449,9 @@ class ElasticDriver:
 
     def _grow(self, limit: int) -> bool:
         """Starts workers on free slots up to `limit` live workers; True if any."""
-        live = sorted(self._live(), key=self._rank_order)
+        # Workers on hosts no longer listed still run (see _remove_vanished) but are
+        # on their way out: they do not count towards the limit.
+        live = sorted((w for w in self._live() if w.host in self._hosts), key=self._rank_order)
         new = self._free_slots()[:max(0, limit - len(live))]
         planned = assign([w.host for w in live] + new,
                          [self._home(w) for w in live] + [None] * len(new))
@@ -537,13 +540,13 @@ class ElasticDriver:
             if found is not None and found != self._hosts:
                 self._hosts = found
                 next_grow = 0.0  # new hosts: grow now
-                for w in self._live():
-                    if w.host not in found:
-                        w.removed_at = time.monotonic()
-                        changed = True
+            vanished = self._remove_vanished()
+            if vanished is None:
+                return 1
+            changed = changed or vanished
             if time.monotonic() >= next_grow and not finished:
                 next_grow = time.monotonic() + DISCOVERY_PERIOD_S
-                if len(self._live()) < self._o.max_np and self._grow(self._o.max_np):
+                if self._grow(self._o.max_np):
                     changed = added = True
             if self._note_ready():
                 changed = added = True
@@ -660,6 +663,40 @@ class ElasticDriver:
                    f"({failure.decode(errors='replace')}), as the other {len(members) - 1} "
                    "workers did: it is stopped or hung; killing it")
         with_suppress_kill(w.proc)
+
+    def _remove_vanished(self) -> Optional[bool]:
+        """Marks removed the live workers on hosts discovery no longer lists; True if
+        any. Not while that would leave fewer than --min-np workers able to form a
+        generation: discovery may have blinked (a script that printed nothing for a
+        moment), and removing every worker that holds the committed state would lose
+        it. Those workers train on meanwhile; if their hosts come back, nothing
+        happened. None (stop the job) once it has lasted --elastic-timeout."""
+        live = self._live()
+        gone = [w for w in live if w.host not in self._hosts]
+        if not gone:
+            if self._vanished_since is not None:
+                driver.log("the hosts are listed again; the job goes on unchanged")
+            self._vanished_since = None
+            return False
+        staying = [w for w in self._eligible() if w.host in self._hosts]
+        if len(staying) >= self._o.min_np:
+            now = time.monotonic()
+            for w in gone:
+                w.removed_at = now
+            self._vanished_since = None
+            return True
+        now = time.monotonic()
+        if self._vanished_since is None:
+            self._vanished_since = now
+            driver.log(f"host discovery no longer lists {', '.join(sorted({w.host for w in gone}))}"
+                       f"; without their workers fewer than --min-np {self._o.min_np} would "
+                       f"remain, so they train on until the hosts come back, other workers "
+                       f"can take over, or --elastic-timeout {self._o.elastic_timeout:g} s")
+        elif now - self._vanished_since > self._o.elastic_timeout:
+            driver.log(f"fewer than --min-np {self._o.min_np} workers on listed hosts for "
+                       f"{self._o.elastic_timeout:.0f} s; stopping")
+            return None
+        return False
 
     def _reap_removed(self) -> None:
         now = time.monotonic()
