@@ -312,6 +312,32 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
   return out;
 }
 
+// The request of a rank that submitted a pending name (the highest), or nullptr.
+static const Request* Submitted(const std::vector<Request>& by_rank) {
+  const Request* r0 = nullptr;
+  for (const auto& q : by_rank) {
+    if (!q.name.empty()) r0 = &q;
+  }
+  return r0;
+}
+
+// An error response for a pending name that only the ranks that submitted it take
+// (they are listed in rank_rows; the others ignore it, also if they have since
+// submitted an op of that name).
+static Response ErrorForSubmitters(const std::string& name, const std::vector<Request>& by_rank,
+                                   const std::string& error) {
+  const Request& r0 = *Submitted(by_rank);
+  Response resp;
+  resp.type = r0.type;
+  resp.name = name;
+  resp.group_id = r0.group_id;
+  resp.error = error;
+  for (size_t r = 0; r < by_rank.size(); ++r) {
+    if (!by_rank[r].name.empty()) resp.rank_rows.push_back(static_cast<int64_t>(r));
+  }
+  return resp;
+}
+
 // While a rank has joined, only allreduces run (it contributes zeros): any other op
 // fails at once on the ranks that submitted it. Waiting for the rest to submit it
 // would hang when their unnamed ops are numbered apart (a rank that joined earlier
@@ -334,25 +360,17 @@ void Controller::FailBesideJoin(const std::vector<RequestList>& lists,
     if (any && !allowed(cache_.Get(static_cast<int>(pos)).type)) SetBit(&out->invalid_bits, pos);
   }
   for (auto it = table_.begin(); it != table_.end();) {
-    const Request* r0 = nullptr;
-    for (const auto& q : it->second.by_rank) {
-      if (!q.name.empty()) r0 = &q;
-    }
+    const Request* r0 = Submitted(it->second.by_rank);
     if (r0 == nullptr || allowed(r0->type)) {
       ++it;
       continue;
     }
-    Response resp;
-    resp.type = r0->type;
-    resp.name = it->first;
-    resp.group_id = r0->group_id;
-    resp.error = "'" + it->first + "' is a " + OpTypeName(r0->type) + ", but ranks [" + joined +
-                 "] called hvd.join(); only allreduce can run while ranks have joined";
-    for (size_t r = 0; r < it->second.by_rank.size(); ++r) {
-      const Request& q = it->second.by_rank[r];
-      if (q.name.empty()) continue;
-      resp.rank_rows.push_back(static_cast<int64_t>(r));
-      if (q.group_id != 0) failed_groups->emplace(q.group_id, resp.error);
+    Response resp = ErrorForSubmitters(
+        it->first, it->second.by_rank,
+        "'" + it->first + "' is a " + OpTypeName(r0->type) + ", but ranks [" + joined +
+            "] called hvd.join(); only allreduce can run while ranks have joined");
+    for (const auto& q : it->second.by_rank) {
+      if (!q.name.empty() && q.group_id != 0) failed_groups->emplace(q.group_id, resp.error);
     }
     if (timeline_ != nullptr) timeline_->NegotiateEnd(resp.name);
     out->responses.push_back(std::move(resp));
@@ -362,30 +380,18 @@ void Controller::FailBesideJoin(const std::vector<RequestList>& lists,
 
 // A group that failed to match fails whole: members that some ranks submitted and
 // others never will (the ranks' groups differ in size) would otherwise stay pending
-// forever. The response lists the ranks that submitted the member (in rank_rows);
-// the others ignore it, also if they have since submitted an op of that name.
+// forever; each fails on the ranks that submitted it.
 void Controller::FailRestOfFailedGroups(const std::map<int64_t, std::string>& failed,
                                         ResponseList* out) {
   if (failed.empty()) return;
   for (auto it = table_.begin(); it != table_.end();) {
-    const Request* r0 = nullptr;
-    for (const auto& q : it->second.by_rank) {
-      if (!q.name.empty()) r0 = &q;
-    }
+    const Request* r0 = Submitted(it->second.by_rank);
     auto f = r0 == nullptr ? failed.end() : failed.find(r0->group_id);
     if (r0 == nullptr || r0->group_id == 0 || f == failed.end()) {
       ++it;
       continue;
     }
-    Response resp;
-    resp.type = r0->type;
-    resp.name = it->first;
-    resp.group_id = r0->group_id;
-    resp.error = f->second;
-    for (size_t r = 0; r < it->second.by_rank.size(); ++r) {
-      if (!it->second.by_rank[r].name.empty()) resp.rank_rows.push_back(static_cast<int64_t>(r));
-    }
-    out->responses.push_back(std::move(resp));
+    out->responses.push_back(ErrorForSubmitters(it->first, it->second.by_rank, f->second));
     it = table_.erase(it);
   }
 }
