@@ -87,6 +87,13 @@ def addr_key(gen: int, rank: int) -> str:
     return f"{rendezvous_prefix(gen)}/addr/{rank}"
 
 
+def init_error_key(gen: int) -> str:
+    """``elastic/<gen>/init_error``: why generation `gen`'s rendezvous cannot complete
+    (the driver writes it when a member died before reaching it; the engine watches
+    it while it sets the mesh up: csrc/transport/tcp_transport.cc)."""
+    return f"{rendezvous_prefix(gen)}/init_error"
+
+
 def failed_key(gen: int) -> str:
     """``elastic/<gen>/failed``: a collective of generation `gen` failed."""
     return f"{rendezvous_prefix(gen)}/failed"

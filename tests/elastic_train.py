@@ -8,7 +8,8 @@ starts), BIG_MB (a parameter of that many MB, gradient 1 everywhere, checked at 
 end against the momentum SGD it must have had), EDIT_STEP/EDIT_FILE/EDIT_TEXT (rank 0
 rewrites the discovery file at that step, to add or remove hosts), WAIT_STEP/WAIT_SIZE (see
 tests.workers.edit_hosts_and_wait), LATE_INIT_S (a worker started after the
-kill waits that long before hvd.init(), as a slow start would)."""
+kill waits that long before hvd.init(), as a slow start would), DIE_IN_INIT (the first
+worker started after the kill dies inside hvd.init())."""
 import os
 import signal
 import time
@@ -19,6 +20,16 @@ import torch.nn as nn
 import horovod.torch as hvd
 from tests.workers import edit_hosts_and_wait, report_recovery_once
 
+if (os.environ.get("DIE_IN_INIT") and os.path.exists(os.environ.get("MARKER", ""))
+        and not os.path.exists(os.environ["MARKER"] + ".init")):
+    # The first replacement dies inside hvd.init(), after the driver assigned it a
+    # generation and before it reached the rendezvous.
+    from horovod_torch import _C
+
+    def _die_in_init(*args):
+        open(os.environ["MARKER"] + ".init", "w").close()
+        os._exit(5)
+    _C.init = _die_in_init
 if os.environ.get("LATE_INIT_S") and os.path.exists(os.environ.get("MARKER", "")):
     time.sleep(float(os.environ["LATE_INIT_S"]))
     print(f"LATE_READY at={time.time():.3f}", flush=True)

@@ -92,6 +92,24 @@ def test_replacement_takes_the_dead_workers_local_rank(tmp_path):
     assert all(f["local_rank"] == f["device"] for f in finals), out
 
 
+def test_a_replacement_that_dies_inside_init_does_not_stall_the_survivor(tmp_path):
+    """Rank 1 dies; its replacement dies inside hvd.init() once assigned a generation.
+    The driver tells that generation's rendezvous (elastic/<gen>/init_error), the
+    survivor leaves it at once and goes on, and a second replacement joins (before: the
+    survivor waited in the rendezvous until HOROVOD_START_TIMEOUT, here 100 s, longer
+    than this test's limit)."""
+    rc, out = _run(tmp_path, "localhost:2", {"KILL_RANK": "1", "KILL_STEP": "15",
+                                             "DIE_IN_INIT": "1", "STEPS": "60",
+                                             "STEP_SLEEP": "0.05", "WAIT_STEP": "20",
+                                             "WAIT_SIZE": "2", "HOROVOD_START_TIMEOUT": "100"},
+                   ["-np", "2", "--min-np", "1", "--max-np", "2",
+                    "--blacklist-cooldown-range", "1", "2"], timeout=90)
+    assert rc == 0, out
+    assert os.path.exists(tmp_path / "killed.init"), out
+    assert "exited with code 5" in out and "before reaching the rendezvous" in out, out
+    _assert_trained_on(out, 60, 2, "a replacement's death inside init")
+
+
 def test_without_max_np_the_job_grows_to_every_slot_found(tmp_path):
     """-np 1 and discovery printing localhost:2, no --max-np: the job grows to 2
     workers, as Horovod's (before: --max-np defaulted to -np, so it never grew)."""

@@ -148,6 +148,8 @@ class StoreClient {
   Status Get(const std::string& key, double timeout_s, std::string* value);
   // Returns immediately: *found tells whether the key exists.
   Status TryGet(const std::string& key, std::string* value, bool* found);
+  // Waits up to timeout_s for the key; *found tells if it came.
+  Status Fetch(const std::string& key, double timeout_s, std::string* value, bool* found);
   Status Add(const std::string& key, int64_t delta, int64_t* result);
   // Local address of the connection to the store: an address peers can reach us at.
   std::string LocalAddress();
@@ -156,8 +158,6 @@ class StoreClient {
   StoreClient() = default;
   // Sends one request and waits up to timeout_s (plus the I/O timeout) for its reply.
   Status Call(const store_wire::Request& request, double timeout_s, store_wire::Reply* reply);
-  // Get and TryGet: waits up to timeout_s for the key; *found tells if it came.
-  Status Fetch(const std::string& key, double timeout_s, std::string* value, bool* found);
 
   Mutex mu_;
   Socket sock_ HVD_GUARDED_BY(mu_);

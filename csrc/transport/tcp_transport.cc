@@ -35,6 +35,7 @@ double Since(Clock::time_point t) {
 // its nonce within a round trip.
 constexpr size_t kMinPendingHandshakes = 64;
 constexpr double kHandshakeTimeout = 5.0;
+constexpr double kWatchPeriodS = 0.25;  // Mesh::Watch()
 
 // A peer's hello: its rank, in decimal, and nothing else.
 bool ParseRank(const std::string& tag, int* rank) {
@@ -81,6 +82,23 @@ struct TcpTransport::Mesh {
   // (bounded; see Create). Null while size == 1.
   std::unique_ptr<HandshakeQueue> handshakes;
   Clock::time_point last_tended{};  // TendListener()'s last poll
+
+  // While Create() sets the mesh up: a store key whose appearance ends the
+  // rendezvous at once with its value as the error (<prefix>/init_error: the
+  // elastic driver writes it when a member died before reaching the rendezvous, so
+  // the others need not wait for HOROVOD_START_TIMEOUT). Empty afterwards.
+  std::string watch_key;
+  Clock::time_point last_watched{};
+
+  // Looks at watch_key at most every kWatchPeriodS.
+  Status Watch() {
+    if (watch_key.empty() || Since(last_watched) < kWatchPeriodS) return Status::Ok();
+    last_watched = Clock::now();
+    std::string cause;
+    bool found = false;
+    if (store->TryGet(watch_key, &cause, &found).ok() && found) return Status::Aborted(cause);
+    return Status::Ok();
+  }
 
   std::mutex mu;                     // guards installing sockets against Abort()
   std::atomic<bool> aborted{false};  // set under mu; Run() checks it every round
@@ -134,6 +152,7 @@ Status TcpTransport::Create(StoreClient* store, const std::string& prefix, int r
   auto mesh = std::make_shared<Mesh>();
   mesh->store = store;
   mesh->prefix = prefix;
+  mesh->watch_key = prefix + "/init_error";
   mesh->secret = secret;
   mesh->rank = rank;
   mesh->size = size;
@@ -168,6 +187,7 @@ Status TcpTransport::Create(StoreClient* store, const std::string& prefix, int r
     if (st.ok()) st = t->Bcast(&verdict);
     if (st.ok() && !verdict.empty()) st = Status::InvalidArgument(verdict);
     t->options_.io_timeout_s = options.io_timeout_s;
+    mesh->watch_key.clear();
     if (!st.ok()) {
       // The rank that saw the cause (a rank that never came) leaves it in the
       // store before its sockets close; the ranks that only see those sockets
@@ -226,11 +246,20 @@ Status TcpTransport::ConnectLower(const std::vector<int>& peers) {
     const int g = global_[p];
     if (m.sockets[g].valid()) continue;
     std::string addr;
-    Status st = m.store->Get(m.prefix + "/addr/" + std::to_string(g), timeout, &addr);
-    if (!st.ok()) {
-      return Status::Aborted("rank " + std::to_string(g) +
-                             " did not reach the rendezvous in time (HOROVOD_START_TIMEOUT=" +
-                             std::to_string(timeout) + " s): " + st.message());
+    bool found = false;
+    const auto waited = Clock::now();
+    while (!found) {  // in slices while the rendezvous is watched (Mesh::Watch)
+      HVD_RETURN_IF_ERROR(m.Watch());
+      const double left = std::max(timeout - Since(waited), 0.0);
+      Status st =
+          m.store->Fetch(m.prefix + "/addr/" + std::to_string(g),
+                         m.watch_key.empty() ? left : std::min(left, kWatchPeriodS), &addr, &found);
+      if (!st.ok() || (!found && left <= 0.0)) {
+        return Status::Aborted("rank " + std::to_string(g) +
+                               " did not reach the rendezvous in time (HOROVOD_START_TIMEOUT=" +
+                               std::to_string(timeout) + " s)" +
+                               (st.ok() ? std::string() : ": " + st.message()));
+      }
     }
     const size_t colon = addr.rfind(':');
     const std::string host = addr.substr(0, colon);
@@ -240,7 +269,8 @@ Status TcpTransport::ConnectLower(const std::vector<int>& peers) {
     const auto t0 = Clock::now();
     while (true) {
       Socket s;
-      st = Connect(host, port, std::max(timeout - Since(t0), 0.0), &s, /*retry_refused=*/false);
+      Status st =
+          Connect(host, port, std::max(timeout - Since(t0), 0.0), &s, /*retry_refused=*/false);
       if (!st.ok()) return Status::Aborted(PeerLost(g, st.message()));
       bool rejected = false;
       st = ClientHandshake(s.fd(), m.secret, std::to_string(m.rank),
@@ -330,6 +360,7 @@ Status TcpTransport::Run(std::vector<Xfer>& xs) {
       if (re & (POLLERR | POLLHUP | POLLNVAL)) return Mesh::AbortedStatus();  // shut down
       m.TendHandshakes(&fds[listener_at + 1], (re & POLLIN) != 0);
     }
+    HVD_RETURN_IF_ERROR(m.Watch());
     // Deadlines are checked every round: a stream of events on other sockets
     // (a client knocking on the listener) must not hide a peer that is stuck.
     for (int p = 0; p < size_; ++p) {

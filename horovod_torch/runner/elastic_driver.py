@@ -518,6 +518,7 @@ class ElasticDriver:
                 driver.log(f"worker {w.worker_id} (rank {w.rank}) exited with code "
                            f"{code}{driver.describe_start_failure(w.proc)}; "
                            "re-forming the job without it")
+                self._cancel_rendezvous(w, code)
                 if self._first_failure is None:
                     local = w.slot.local_rank if w.slot else 0
                     self._first_failure = (f"{w.host}[{local}]", code)
@@ -663,6 +664,18 @@ class ElasticDriver:
                    f"({failure.decode(errors='replace')}), as the other {len(members) - 1} "
                    "workers did: it is stopped or hung; killing it")
         with_suppress_kill(w.proc)
+
+    def _cancel_rendezvous(self, w: _Worker, code: int) -> None:
+        """`w` exited with `code`: if it was a member of the latest generation and had
+        not reached that generation's rendezvous (its address is not in the store),
+        tells the others, which otherwise wait there for HOROVOD_START_TIMEOUT."""
+        if w.worker_id not in self._members:
+            return
+        rank = self._members.index(w.worker_id)
+        if self._store.get(elastic_keys.addr_key(self._gen, rank)) is None:
+            self._store.set(elastic_keys.init_error_key(self._gen), (
+                f"worker {w.worker_id} (rank {rank} of generation {self._gen}) exited with "
+                f"code {code} before reaching the rendezvous").encode())
 
     def _remove_vanished(self) -> Optional[bool]:
         """Marks removed the live workers on hosts discovery no longer lists; True if
