@@ -7,6 +7,10 @@ import sys
 from tests.harness import ROOT
 
 SCRIPT = os.path.join(ROOT, "tests", "elastic_train.py")
+# Two workers on one host that may drop to one and come back (its host is blacklisted
+# for 1-2 s after a failure).
+TWO_ONE_HOST = ["-np", "2", "--min-np", "1", "--max-np", "2",
+                "--blacklist-cooldown-range", "1", "2"]
 
 
 def _run(tmp_path, hosts_text, extra_env, args=(), timeout=240, script=SCRIPT, before=""):
@@ -48,8 +52,7 @@ def test_worker_failure_restores_and_continues(tmp_path):
     rc, out = _run(tmp_path, "localhost:2", {"KILL_RANK": "1", "KILL_STEP": "15",
                                              "STEPS": "60", "STEP_SLEEP": "0.05",
                                              "WAIT_STEP": "20", "WAIT_SIZE": "2"},
-                   ["-np", "2", "--min-np", "1", "--max-np", "2",
-                    "--blacklist-cooldown-range", "1", "2"])
+                   TWO_ONE_HOST)
     assert rc == 0, out
     assert "exited with code 3" in out and "lost a peer" in out, out
     # The survivor says which commit it goes back to, with the state's counters.
@@ -67,8 +70,7 @@ def test_stopped_worker_is_killed_and_the_job_goes_on(tmp_path):
                                              "STEPS": "60", "STEP_SLEEP": "0.05",
                                              "WAIT_STEP": "20", "WAIT_SIZE": "2",
                                              "HOROVOD_ELASTIC_TIMEOUT": "100"},
-                   ["-np", "2", "--min-np", "1", "--max-np", "2",
-                    "--blacklist-cooldown-range", "1", "2"], timeout=150)
+                   TWO_ONE_HOST, timeout=150)
     assert rc == 0, out
     assert "stopped or hung; killing it" in out and "lost a peer" in out, out
     _assert_trained_on(out, 60, 2, "a worker's SIGSTOP")
@@ -83,8 +85,7 @@ def test_replacement_takes_the_dead_workers_local_rank(tmp_path):
     rc, out = _run(tmp_path, "localhost:2", {"KILL_RANK": "0", "KILL_STEP": "10",
                                              "STEPS": "40", "STEP_SLEEP": "0.05",
                                              "WAIT_STEP": "15", "WAIT_SIZE": "2"},
-                   ["-np", "2", "--min-np", "1", "--max-np", "2",
-                    "--blacklist-cooldown-range", "1", "2"])
+                   TWO_ONE_HOST)
     assert rc == 0, out
     finals = _finals(out)
     assert len(finals) == 2 and all(f["size"] == "2" for f in finals), out
@@ -102,8 +103,7 @@ def test_a_replacement_that_dies_inside_init_does_not_stall_the_survivor(tmp_pat
                                              "DIE_IN_INIT": "1", "STEPS": "60",
                                              "STEP_SLEEP": "0.05", "WAIT_STEP": "20",
                                              "WAIT_SIZE": "2", "HOROVOD_START_TIMEOUT": "100"},
-                   ["-np", "2", "--min-np", "1", "--max-np", "2",
-                    "--blacklist-cooldown-range", "1", "2"], timeout=90)
+                   TWO_ONE_HOST, timeout=90)
     assert rc == 0, out
     assert os.path.exists(tmp_path / "killed.init"), out
     assert "exited with code 5" in out and "before reaching the rendezvous" in out, out
@@ -128,8 +128,7 @@ def test_survivor_trains_on_until_the_replacement_reaches_init(tmp_path):
     rc, out = _run(tmp_path, "localhost:2", {"KILL_RANK": "1", "KILL_STEP": "15",
                                              "STEPS": "600", "STEP_SLEEP": "0.02",
                                              "LATE_INIT_S": "4"},
-                   ["-np", "2", "--min-np", "1", "--max-np", "2",
-                    "--blacklist-cooldown-range", "1", "2"])
+                   TWO_ONE_HOST)
     assert rc == 0, out
     ready = float(re.search(r"LATE_READY at=([\d.]+)", out).group(1))
     grown = [float(t) for t in re.findall(r"RESET size=2 at=([\d.]+)", out)]
