@@ -25,6 +25,7 @@ training within float rounding (the sums run in another order).
 ``ShardedOptimizerStateHandler`` in elastic/state.py.
 """
 import copy
+import hashlib
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -48,23 +49,47 @@ def partition(sizes: List[int], n: int) -> List[int]:
     return owner
 
 
+def order_digest(params: List[torch.Tensor], names: List[str]) -> int:
+    """A 63-bit digest of the parameters' order (names, shapes, dtypes): equal on
+    every rank when they list the same parameters in the same order."""
+    h = hashlib.sha256()
+    for p, name in zip(params, names):
+        h.update(f"{name}|{tuple(p.shape)}|{p.dtype}|{p.requires_grad}\n".encode())
+    return int.from_bytes(h.digest()[:8], "little") >> 1
+
+
+_ORDER_DIFFERS = (
+    "the ranks list this optimizer's parameters in different orders (ranks {ranks} differ "
+    "from rank 0): sharded optimizer state is partitioned by that order, so their "
+    "parameters would be exchanged into one another. Build the param groups in the same "
+    "order on every rank: for example from sorted(names), not from a set, whose order "
+    "differs between processes (each has its own PYTHONHASHSEED)")
+
+
 class Shard:
     """Who owns what among ``params`` (the optimizer's parameters in state_dict
-    order) on a process set of ``size`` ranks, seen from ``rank``."""
+    order, called ``names``) on a process set of ``size`` ranks, seen from ``rank``."""
 
-    def __init__(self, params: List[torch.Tensor], size: int, rank: int):
+    def __init__(self, params: List[torch.Tensor], size: int, rank: int, names: List[str]):
         self.params, self.size, self.rank = params, size, rank
         self.owner = partition([p.numel() if p.requires_grad else 0 for p in params], size)
         self.owned = [i for i, o in enumerate(self.owner) if o == rank]
         self._owned_set = set(self.owned)
         self.index = {p: i for i, p in enumerate(params)}
+        # Every gather carries this order's digest (8 bytes a rank, in the same
+        # grouped allgather, so that a rank whose partition is older still matches a
+        # newcomer's group); the first gather of each partition compares them.
+        self._digest = torch.tensor([order_digest(params, names)], dtype=torch.int64,
+                                    device=params[0].device if params else None)
+        self._order_checked = False
 
     def owns(self, index: int) -> bool:
         return index in self._owned_set
 
     def gather_parameters(self, process_set) -> None:
         """Every rank's owned parameters to every rank: one grouped allgather, one
-        flat buffer per dtype (in index order), copied back into the parameters."""
+        flat buffer per dtype (in index order) and the order digest, copied back into
+        the parameters."""
         if self.size == 1:
             return
         dtypes = sorted({p.dtype for p in self.params}, key=str)
@@ -75,8 +100,11 @@ class Shard:
                 mine = [self.params[i].detach().reshape(-1) for i in self.owned
                         if self.params[i].dtype == dt]
                 flats.append(torch.cat(mine) if mine else torch.empty(0, dtype=dt, device=device))
+            flats.append(self._digest)
             outs = synchronize(grouped_allgather_async(flats, name="sharded.parameters",
                                                        process_set=process_set))
+            if not self._order_checked:
+                self._check_order(outs[-1])
             dst, src = [], []
             for dt, out in zip(dtypes, outs):
                 offset = 0
@@ -91,6 +119,14 @@ class Shard:
                         offset += n
             if dst:
                 torch._foreach_copy_(dst, src)
+
+    def _check_order(self, digests: torch.Tensor) -> None:
+        """Raises ValueError, on every rank alike, if the ranks' orders differ."""
+        got = digests.tolist()
+        differ = [r for r, d in enumerate(got) if d != got[0]]
+        if differ:
+            raise ValueError(_ORDER_DIFFERS.format(ranks=differ))
+        self._order_checked = True
 
 
 def _to_cpu(value: Any) -> Any:
@@ -151,7 +187,9 @@ class ShardedStateMixin:
         size, rank = _set_size(psid), _set_rank(psid)
         s = getattr(self, "_shard_cache", None)
         if s is None or s.size != size or s.rank != rank:
-            s = self._shard_cache = Shard(self._all_params(), size, rank)
+            params = self._all_params()
+            s = self._shard_cache = Shard(params, size, rank,
+                                          [self._parameter_names.get(p, "") for p in params])
             if self._scatter and self._native is not None:
                 # the C++ hooks know each gradient's owner: tell them the new ones
                 self._native = None

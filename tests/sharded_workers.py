@@ -209,6 +209,37 @@ def errors():
     hvd.shutdown()
 
 
+def param_order(scatter="0"):
+    """Param groups built from a set of names come out in another order on each rank
+    (every process has its own PYTHONHASHSEED; here rank 1 reverses them): the first
+    step raises ValueError on every rank, naming the cause, instead of exchanging one
+    parameter's values into another (before: silently wrong parameters), with or
+    without reduce_scatter_gradients."""
+    hvd.init()
+    r = hvd.rank()
+    model = _model()
+    named = dict(model.named_parameters())
+    decay = sorted(n for n in named if n.endswith("weight"))
+    rest = sorted(n for n in named if n not in decay)
+    if r == 1:
+        decay, rest = decay[::-1], rest[::-1]
+    opt = hvd.DistributedOptimizer(
+        torch.optim.AdamW([{"params": [named[n] for n in decay], "weight_decay": 0.1},
+                           {"params": [named[n] for n in rest], "weight_decay": 0.0}],
+                          lr=0.01),
+        named_parameters=model.named_parameters(), shard_optimizer_state=True,
+        reduce_scatter_gradients=scatter == "1")
+    x, y = _batch(0, r, hvd.size())
+
+    def step():
+        opt.zero_grad()
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+    expect_raises(ValueError, step, "different orders", "PYTHONHASHSEED")
+    hvd.shutdown()
+    print("param order refused", flush=True)
+
+
 def process_set():
     """Sharded over the process set {0, 2} of 3 ranks: those two train as one job
     (their own partition of 2) and equal the unsharded optimizer on the same set;

@@ -53,6 +53,11 @@ def test_sharded_errors():
     run_workers("tests.sharded_workers:errors", 2, timeout=60)
 
 
+@pytest.mark.parametrize("scatter", ["0", "1"])
+def test_ranks_listing_parameters_in_different_orders_is_an_error(scatter):
+    run_workers("tests.sharded_workers:param_order", 2, args=[scatter], timeout=60)
+
+
 # -- elastic ----------------------------------------------------------------------
 
 ELASTIC_SCRIPT = os.path.join(ROOT, "tests", "elastic_sharded_train.py")
