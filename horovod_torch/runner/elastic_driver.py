@@ -691,20 +691,20 @@ class ElasticDriver:
                 driver.log("the hosts are listed again; the job goes on unchanged")
             self._vanished_since = None
             return False
+        now = time.monotonic()
         staying = [w for w in self._eligible() if w.host in self._hosts]
         if len(staying) >= self._o.min_np:
-            now = time.monotonic()
             for w in gone:
                 w.removed_at = now
             self._vanished_since = None
             return True
-        now = time.monotonic()
         if self._vanished_since is None:
             self._vanished_since = now
-            driver.log(f"host discovery no longer lists {', '.join(sorted({w.host for w in gone}))}"
-                       f"; without their workers fewer than --min-np {self._o.min_np} would "
-                       f"remain, so they train on until the hosts come back, other workers "
-                       f"can take over, or --elastic-timeout {self._o.elastic_timeout:g} s")
+            names = ", ".join(sorted({w.host for w in gone}))
+            driver.log(f"host discovery no longer lists {names}; without their workers fewer "
+                       f"than --min-np {self._o.min_np} would remain, so they train on until "
+                       f"the hosts come back, other workers can take over, or "
+                       f"--elastic-timeout {self._o.elastic_timeout:g} s")
         elif now - self._vanished_since > self._o.elastic_timeout:
             driver.log(f"fewer than --min-np {self._o.min_np} workers on listed hosts for "
                        f"{self._o.elastic_timeout:.0f} s; stopping")
