@@ -11,6 +11,7 @@ import horovod_torch as hvd
 from horovod_torch.sparse import SparseHandle, sparse_allreduce_async
 from horovod_torch.sparse import synchronize as sparse_synchronize
 from horovod_torch.sync_batch_norm import SyncBatchNorm
+from tests import workers
 
 
 def _gen(seed: int, rank: int) -> torch.Generator:
@@ -18,12 +19,10 @@ def _gen(seed: int, rank: int) -> torch.Generator:
 
 
 def _device(kind: str) -> torch.device:
-    if kind == "cuda":
-        torch.cuda.set_device(hvd.local_rank())
-        # The CPU reference computes convolutions in float32; TF32 would not.
-        torch.backends.cudnn.allow_tf32 = False
-        return torch.device("cuda", hvd.local_rank())
-    return torch.device("cpu")
+    """This rank's device (tests.workers._device), with cuDNN's TF32 off: the CPU
+    reference computes convolutions in float32."""
+    torch.backends.cudnn.allow_tf32 = False
+    return workers._device(kind)
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, what: str, tol: float) -> None:
