@@ -8,7 +8,7 @@ from horovod_torch.basics import (Adasum, Average, Max, Min, Product, Sum, ccl_b
                                   is_initialized, local_rank, local_size, mpi_built,
                                   mpi_enabled, mpi_threads_supported, nccl_built, rank,
                                   rocm_built, shutdown, size, start_timeline,
-                                  stop_timeline)
+                                  stop_timeline, straggler_report)
 from horovod_torch.compression import Compression
 from horovod_torch.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from horovod_torch.functions import (allgather_object, broadcast_object,

@@ -8,7 +8,7 @@ import stat
 import tempfile
 import threading
 import time
-from typing import Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 from horovod_torch import _C, config, launch_env
 from horovod_torch.exceptions import HorovodInternalError
@@ -344,6 +344,53 @@ def stop_timeline() -> None:
     """Stops the timeline and closes its JSON array; the file is complete on return."""
     _world()
     raise_for_status(*_C.stop_timeline())
+
+
+class RankLag(NamedTuple):
+    """One rank's line of a :class:`StragglerReport`: how far behind the first rank its
+    requests reached the coordinator, over the window's cycles."""
+    rank: int
+    host: str
+    median_s: float  # median lateness over the report's samples, seconds
+    p95_s: float  # 95th percentile
+    last_share: float  # share of the samples in which this rank was the last
+
+
+class StragglerReport(NamedTuple):
+    """What :func:`straggler_report` returns (docs/observability.md)."""
+    cycles: int  # negotiation cycles that completed ops, in the window (0: none yet)
+    samples: int  # of them, those in which some rank was HOROVOD_STRAGGLER_MIN_LAG_MS behind
+    step_s: float  # median interval between repeats of one op: the step time
+    threshold_s: float  # median lateness from which a rank that is mostly last is named
+    straggler: Optional[int]  # the rank named a straggler, or None
+    wait_site: str  # where the other ranks wait for it (Python file:line), if known
+    ranks: List[RankLag]
+
+    def __str__(self) -> str:
+        head = (f"straggler report: {self.samples} of the last {self.cycles} cycles with a "
+                f"rank behind, step {self.step_s * 1e3:.1f} ms, "
+                f"threshold {self.threshold_s * 1e3:.1f} ms, straggler: "
+                f"{'none' if self.straggler is None else 'rank %d' % self.straggler}"
+                + (f" (the others wait at {self.wait_site})" if self.wait_site else ""))
+        rows = [f"  rank {r.rank:>4}  {r.host or '?':<20} median {r.median_s * 1e3:8.2f} ms  "
+                f"p95 {r.p95_s * 1e3:8.2f} ms  last {r.last_share * 100:5.1f}%"
+                for r in self.ranks]
+        return "\n".join([head] + rows)
+
+
+def straggler_report() -> StragglerReport:
+    """Which rank holds the others up, and by how much: the coordinator measures, every
+    negotiation cycle, how late each rank's requests arrive (HOROVOD_STRAGGLER_* knobs),
+    and sends every rank its report about once a second; this returns the last one this
+    rank received. Not a collective: any rank may call it at any time."""
+    _world()
+    r = _C.straggler_report()
+    if r is None:
+        raise ValueError("Horovod has not been initialized; use hvd.init().")
+    cycles, samples, step_s, threshold_s, straggler, site, ranks = r
+    return StragglerReport(cycles, samples, step_s, threshold_s,
+                           None if straggler < 0 else straggler, site,
+                           [RankLag(i, *row) for i, row in enumerate(ranks)])
 
 
 def is_initialized() -> bool:

@@ -41,6 +41,11 @@ Every key, who writes it, who reads it, and its value:
     failure, or a host update); read by the driver: once ``failed`` is written and no
     worker of the generation exited, the one live worker that never leaves is stopped or
     hung (it never exits either), and the driver kills it. Value: ``1``.
+``elastic/<gen>/straggler`` (:func:`straggler_key`)
+    written by rank 0 of generation ``<gen>`` under ``horovodrun --straggler-policy
+    evict``, once, when the same rank has been named a straggler for the patience
+    (hvd.straggler_report()); read by the driver, which evicts that rank's host. Value:
+    ``<host>`` TAB the reason (one line).
 ``elastic/fatal`` (:data:`FATAL_KEY`)
     written by a worker when the job cannot go on (the committed state was lost); read
     by the driver when a worker exits non-zero: it then stops the job (status 1)
@@ -102,3 +107,8 @@ def failed_key(gen: int) -> str:
 def left_key(gen: int, worker_id: str) -> str:
     """``elastic/<gen>/left/<worker_id>``: that worker left generation `gen` to re-form."""
     return f"{rendezvous_prefix(gen)}/left/{worker_id}"
+
+
+def straggler_key(gen: int) -> str:
+    """``elastic/<gen>/straggler``: rank 0 of generation `gen` asks to evict a host."""
+    return f"{rendezvous_prefix(gen)}/straggler"

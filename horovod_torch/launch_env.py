@@ -51,6 +51,9 @@ class LaunchEnv:
     elastic_worker_id: str  # HOROVOD_ELASTIC_WORKER_ID
     elastic_timeout_s: float  # HOROVOD_ELASTIC_TIMEOUT (600)
     elastic_reset_limit: int  # HOROVOD_ELASTIC_RESET_LIMIT (0: none)
+    # HOROVOD_STRAGGLER_EVICT_AFTER: under --straggler-policy evict, seconds a rank must be
+    # named a straggler before rank 0 asks the driver to evict its host (None: never).
+    straggler_evict_after_s: Optional[float]
     rendezvous_prefix: str  # HOROVOD_RENDEZVOUS_PREFIX ("job")
     torchrun_agent_store: bool  # TORCHELASTIC_USE_AGENT_STORE=True
     torchrun_restart_count: str  # TORCHELASTIC_RESTART_COUNT ("0")
@@ -110,6 +113,16 @@ def _placement(env: Mapping[str, str]) -> Optional[Placement]:
     return None
 
 
+def _float(env: Mapping[str, str], name: str) -> Optional[float]:
+    value = env.get(name)
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not a number") from None
+
+
 def read(environ: Optional[Mapping[str, str]] = None) -> LaunchEnv:
     """The launch environment of `environ` (default: this process's). A malformed
     number raises ValueError naming the variable."""
@@ -133,6 +146,7 @@ def read(environ: Optional[Mapping[str, str]] = None) -> LaunchEnv:
         elastic_worker_id=env.get("HOROVOD_ELASTIC_WORKER_ID", ""),
         elastic_timeout_s=elastic_timeout,
         elastic_reset_limit=_int(env, "HOROVOD_ELASTIC_RESET_LIMIT", default=0),
+        straggler_evict_after_s=_float(env, "HOROVOD_STRAGGLER_EVICT_AFTER"),
         rendezvous_prefix=env.get("HOROVOD_RENDEZVOUS_PREFIX", "job"),
         torchrun_agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
         torchrun_restart_count=env.get("TORCHELASTIC_RESTART_COUNT", "0"),

@@ -9,7 +9,8 @@ end against the momentum SGD it must have had), EDIT_STEP/EDIT_FILE/EDIT_TEXT (r
 rewrites the discovery file at that step, to add or remove hosts), WAIT_STEP/WAIT_SIZE (see
 tests.workers.edit_hosts_and_wait), LATE_INIT_S (a worker started after the
 kill waits that long before hvd.init(), as a slow start would), DIE_IN_INIT (the first
-worker started after the kill dies inside hvd.init())."""
+worker started after the kill dies inside hvd.init()), SLOW_HOST/SLOW_S (the workers
+on that host, by its horovodrun name, sleep that long in every step: a straggler)."""
 import os
 import signal
 import time
@@ -68,7 +69,7 @@ def die():
 
 state.register_reset_callbacks([
     lambda: resets.append(hvd.size()),
-    lambda: print(f"RESET size={hvd.size()} at={time.time():.3f}", flush=True)])
+    lambda: print(f"RESET size={hvd.size()} step={state.step} at={time.time():.3f}", flush=True)])
 
 
 @hvd.elastic.run
@@ -88,6 +89,8 @@ def train(state):
         if dying:
             torch.cuda._sleep(100_000_000_000)  # about a minute: its allreduces wait behind it
         edit_hosts_and_wait(state)
+        if os.environ.get("HOROVOD_HOSTNAME") == os.environ.get("SLOW_HOST", "-"):
+            time.sleep(float(os.environ.get("SLOW_S", "0.05")))
         opt.zero_grad()
         loss = ((state.model(data[idx]) - target[idx]) ** 2).mean()
         if BIG:
@@ -117,4 +120,5 @@ if BIG:  # STEPS steps of momentum SGD with gradient 1, none lost or torn by a f
     big = model.big.detach()
     same = same and bool(torch.allclose(big, torch.full_like(big, p), rtol=1e-4))
 print(f"FINAL rank={hvd.rank()} size={hvd.size()} step={state.step} same={same} "
-      f"resets={resets} device={DEVICE_INDEX} local_rank={hvd.local_rank()}", flush=True)
+      f"resets={resets} device={DEVICE_INDEX} local_rank={hvd.local_rank()} at={time.time():.3f}",
+      flush=True)

@@ -131,7 +131,7 @@ def test_survivor_trains_on_until_the_replacement_reaches_init(tmp_path):
                    TWO_ONE_HOST)
     assert rc == 0, out
     ready = float(re.search(r"LATE_READY at=([\d.]+)", out).group(1))
-    grown = [float(t) for t in re.findall(r"RESET size=2 at=([\d.]+)", out)]
+    grown = [float(t) for t in re.findall(r"RESET size=2 step=\d+ at=([\d.]+)", out)]
     assert grown, "the replacement worker did not join:\n" + out
     assert min(grown) >= ready, out
 

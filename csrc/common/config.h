@@ -80,6 +80,22 @@ namespace hvd {
     "A collective stalled this long (some ranks never submitted it) fails the job on "       \
     "every rank with the stall report, as torch.distributed's 10-minute timeout "            \
     "does; 0 waits forever.")                                                                \
+  X(straggler_check, "HOROVOD_STRAGGLER_CHECK", int64_t, 1,                                  \
+    "1: the coordinator measures how late each rank's requests arrive and names a "          \
+    "rank that persistently lags (hvd.straggler_report(), one warning on rank 0, "           \
+    "timeline counters); 0: no measurement.")                                                \
+  X(straggler_window, "HOROVOD_STRAGGLER_WINDOW", int64_t, 64,                               \
+    "Negotiation cycles that completed ops kept for the straggler report (a rolling "        \
+    "window); a rank is judged once a quarter of it (at least 8) has filled.")               \
+  X(straggler_lag, "HOROVOD_STRAGGLER_LAG", double, 0.1,                                     \
+    "Straggler threshold as a fraction of the step time: a rank is named when its "          \
+    "median lateness reaches this fraction (and HOROVOD_STRAGGLER_MIN_LAG_MS) and it "       \
+    "was the last rank in more than HOROVOD_STRAGGLER_SHARE of the window's cycles.")        \
+  X(straggler_min_lag_ms, "HOROVOD_STRAGGLER_MIN_LAG_MS", double, 5.0,                       \
+    "Smallest median lateness in milliseconds for which a rank is named a straggler; a "     \
+    "wait for an op this long records its Python caller for the report.")                    \
+  X(straggler_share, "HOROVOD_STRAGGLER_SHARE", double, 0.5,                                 \
+    "A straggler was the last rank in more than this share of the window's cycles.")         \
   X(log_level, "HOROVOD_LOG_LEVEL", std::string, "warning",                                  \
     "Log verbosity: trace, debug, info, warning, error or fatal.")                           \
   X(log_hide_time, "HOROVOD_LOG_HIDE_TIME", int64_t, 0,                                      \

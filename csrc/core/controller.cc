@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "common/check.h"
 #include "common/logging.h"
@@ -59,7 +60,7 @@ Status Controller::Cycle(std::vector<Request> fresh, bool want_shutdown,
   for (uint64_t w : pending_invalid_) any_invalid = any_invalid || w != 0;
   if (fast_ok_ && steady_exchange_) {
     bool need_full = !uncached_.empty() || want_shutdown || join_pending_ || any_invalid ||
-                     params_pending_ || stall_due_;
+                     params_pending_ || stall_due_ || report_due_;
     bool done = false;
     fast_need_full_ = need_full;
     HVD_RETURN_IF_ERROR(FastCycle(responses, &done));
@@ -74,6 +75,8 @@ Status Controller::Cycle(std::vector<Request> fresh, bool want_shutdown,
   mine.shutdown = want_shutdown;
   mine.cache_capacity = static_cast<uint32_t>(cache_.capacity());
   mine.waits = waits_;
+  mine.host = host_;
+  mine.wait_site = wait_site_;
 
   std::vector<std::string> gathered;
   HVD_RETURN_IF_ERROR(control_->Gather(Encode(mine), &gathered));
@@ -87,6 +90,13 @@ Status Controller::Cycle(std::vector<Request> fresh, bool want_shutdown,
     ResponseList out = Coordinate(lists, &ok, &error);
     if (!ok) return Status::Aborted(error);
     if (timeline_ != nullptr && timeline_->active()) TraceCachedBits(lists, out);
+    if (straggler_) {
+      for (size_t r = 0; r < lists.size(); ++r) {
+        straggler_->NoteRank(static_cast<int>(r), lists[r].host, lists[r].wait_site);
+      }
+      ObserveStragglers(lists, out);
+      StragglerCycle(&out);
+    }
     AutotuneStep(out);
     if (params_pending_) {
       out.has_params = true;
@@ -102,6 +112,10 @@ Status Controller::Cycle(std::vector<Request> fresh, bool want_shutdown,
   ResponseList list;
   HVD_RETURN_IF_ERROR(Decode(reply, &list));
   if (!list.fatal.empty()) return Status::Aborted(list.fatal);
+  if (list.has_stragglers) {
+    stragglers_ = std::move(list.stragglers);
+    ++stragglers_version_;
+  }
   responses->clear();
   Apply(list, responses);
   *shutdown = list.shutdown;
@@ -167,6 +181,10 @@ Status Controller::FastCycle(std::vector<Response>* responses, bool* done) {
         lists.assign(size, everyone);
       }
       TraceCachedBits(lists, out);
+    }
+    if (straggler_) {
+      if (!lists.empty()) ObserveStragglers(lists, out);
+      StragglerCycle(nullptr);
     }
     CoordinateFast(any, out);
   }
@@ -237,6 +255,10 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
       if (!p.by_rank[req.rank].name.empty()) continue;  // duplicate: checked at submission
       p.by_rank[req.rank] = req;
       if (p.count == 0) p.since = std::chrono::steady_clock::now();
+      if (straggler_) {
+        p.arrived.resize(size);
+        p.arrived[req.rank] = std::chrono::steady_clock::now();
+      }
       if (timeline_ != nullptr) {
         if (p.count == 0) timeline_->NegotiateStart(req.name, OpTypeName(req.type));
         timeline_->NegotiateRankReady(req.name, r);
@@ -304,6 +326,7 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
       joined_.assign(size, false);
     }
     if (timeline_ != nullptr) timeline_->NegotiateEnd(resp.name);
+    if (straggler_ && p.count == size && resp.error.empty()) straggler_->ObserveNamed(p.arrived);
     out.responses.push_back(std::move(resp));
     table_.erase(o.second);
   }
@@ -643,6 +666,70 @@ void Controller::TraceCachedBits(const std::vector<RequestList>& lists, const Re
       timeline_->NegotiateEnd(cache_.Get(p).name);
       traced_bits_.erase(it);
     }
+  }
+}
+
+void Controller::EnableStragglerMonitor(const StragglerOptions& options) {
+  if (control_->rank() == 0 && control_->size() > 1) {
+    straggler_ = std::make_unique<StragglerMonitor>(control_->size(), options);
+  }
+}
+
+void Controller::ObserveStragglers(const std::vector<RequestList>& lists, const ResponseList& out) {
+  std::vector<const std::vector<uint64_t>*> bits(lists.size());
+  for (size_t r = 0; r < lists.size(); ++r) bits[r] = &lists[r].ready_bits;
+  straggler_->ObserveBits(bits, out.ready_bits, out.invalid_bits, std::chrono::steady_clock::now());
+}
+
+namespace {
+std::string Ms(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f ms", s * 1e3);
+  return buf;
+}
+}  // namespace
+
+void Controller::StragglerCycle(ResponseList* out) {
+  const auto now = std::chrono::steady_clock::now();
+  straggler_->NoteRank(control_->rank(), host_, wait_site_);  // its own, without a full cycle
+  if (straggler_->EndCycle(now)) {
+    const StragglerReport& rep = straggler_->report();
+    if (rep.straggler >= 0) {
+      const RankLag& s = rep.ranks[rep.straggler];
+      HVD_LOG(kWarning) << "straggler: rank " << rep.straggler << " (host "
+                        << (s.host.empty() ? "?" : s.host) << ") was last in "
+                        << static_cast<int>(std::lround(s.last_share * 100)) << "% of the "
+                        << rep.samples << " cycles (of the last " << rep.cycles
+                        << ") in which a rank was " << Ms(straggler_->options().min_lag_s)
+                        << " or more behind; " << Ms(s.median_s)
+                        << " behind the first rank (median; 95th percentile " << Ms(s.p95_s)
+                        << "; a step takes " << Ms(rep.step_s)
+                        << "); the other ranks wait for it at "
+                        << (rep.wait_site.empty() ? "(unknown)" : rep.wait_site)
+                        << " (hvd.straggler_report(); HOROVOD_STRAGGLER_* knobs)";
+    } else if (named_straggler_ >= 0) {
+      HVD_LOG(kInfo) << "straggler: rank " << named_straggler_ << " no longer lags";
+    }
+    named_straggler_ = rep.straggler;
+    report_due_ = true;
+  }
+  const std::vector<double>& sample = straggler_->cycle_sample();
+  if (!sample.empty()) {
+    ++reported_samples_;
+    if (timeline_ != nullptr && timeline_->active()) {
+      for (size_t r = 0; r < sample.size(); ++r) {
+        timeline_->Counter("STRAGGLER_LAG_MS_RANK_" + std::to_string(r), sample[r] * 1e3);
+      }
+    }
+  }
+  // About once a second while samples come in, at once when the straggler changed.
+  if (now >= next_report_ && reported_samples_ > 0) report_due_ = true;
+  if (out != nullptr && report_due_) {
+    out->has_stragglers = true;
+    out->stragglers = straggler_->report();
+    report_due_ = false;
+    reported_samples_ = 0;
+    next_report_ = now + std::chrono::seconds(1);
   }
 }
 

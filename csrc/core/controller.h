@@ -27,6 +27,7 @@
 
 #include "core/autotune.h"
 #include "core/response_cache.h"
+#include "core/straggler.h"
 #include "core/timeline.h"
 #include "transport/transport.h"
 #include "wire/message.h"
@@ -59,6 +60,15 @@ class Controller {
   // Where this rank's threads have waited a while ("name\tfile:line"): sent with the
   // next full cycle, for the coordinator's stall report.
   void SetWaits(std::vector<std::string> waits) { waits_ = std::move(waits); }
+  // Straggler detection (core/straggler.h): the coordinator of the global set
+  // measures; every rank sends its host and the Python caller of its last long wait.
+  void EnableStragglerMonitor(const StragglerOptions& options);
+  void SetHost(std::string host) { host_ = std::move(host); }
+  void SetWaitSite(std::string site) { wait_site_ = std::move(site); }
+  // The coordinator's latest report as every rank received it; the version counts
+  // reports received (0: none yet).
+  const StragglerReport& stragglers() const { return stragglers_; }
+  uint64_t stragglers_version() const { return stragglers_version_; }
   // The setting every rank uses now; changes only through a ResponseList.
   const TunedParams& params() const { return params_; }
   void SetInitialParams(const TunedParams& p) { params_ = p; }
@@ -94,6 +104,12 @@ class Controller {
   // Coordinator: timeline spans for cached repeats, and the autotune input.
   void TraceCachedBits(const std::vector<RequestList>& lists, const ResponseList& out);
   int64_t ReducedBytes(const ResponseList& out) const;
+  // Coordinator: feeds one cycle's per-rank ready bits to the straggler monitor.
+  void ObserveStragglers(const std::vector<RequestList>& lists, const ResponseList& out);
+  // Coordinator, at the end of every cycle: closes the monitor's cycle, logs a change
+  // of straggler, writes the timeline's lag counters, and attaches the report to
+  // `out` (a full cycle's reply; null in the steady state) when one is due.
+  void StragglerCycle(ResponseList* out);
 
   ControlPlane* control_;  // borrowed
   ResponseCache cache_;
@@ -107,6 +123,7 @@ class Controller {
     int count = 0;
     uint64_t order = 0;  // arrival order, for a stable response order
     std::chrono::steady_clock::time_point since;
+    std::vector<std::chrono::steady_clock::time_point> arrived;  // per rank (straggler monitor)
   };
   std::map<std::string, Pending> table_;
   uint64_t next_order_ = 0;
@@ -137,6 +154,15 @@ class Controller {
   TunedParams pending_params_;
   bool stall_due_ = false;       // coordinator: a stall report is due (needs a full cycle)
   bool fast_need_full_ = false;  // this cycle: this rank needs a full cycle
+
+  std::unique_ptr<StragglerMonitor> straggler_;  // coordinator of the global set
+  std::string host_, wait_site_;
+  bool report_due_ = false;  // coordinator: a straggler report to send (needs a full cycle)
+  uint64_t reported_samples_ = 0;
+  std::chrono::steady_clock::time_point next_report_{};
+  int named_straggler_ = -1;  // the straggler the log last named
+  StragglerReport stragglers_;
+  uint64_t stragglers_version_ = 0;
 
   Timeline* timeline_ = nullptr;
   std::map<int, std::vector<bool>> traced_bits_;  // cache position -> ranks seen ready

@@ -9,8 +9,10 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -23,6 +25,15 @@
 
 namespace hvd {
 namespace {
+
+// This rank's host for the straggler report: the launcher's name for it
+// (HOROVOD_HOSTNAME, as in -H), else the host name.
+std::string HostName() {
+  if (const char* h = std::getenv("HOROVOD_HOSTNAME"); h != nullptr && *h != '\0') return h;
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "";
+  return buf;
+}
 
 // HOROVOD_THREAD_AFFINITY: the core of this rank's background thread, or -1.
 int AffinityCore(const std::string& spec, int local_rank) {
@@ -78,6 +89,15 @@ Status Runtime::Create(const WorldInfo& world, const Config& config,
   TunedParams initial{config.fusion_threshold_bytes, config.wake_delay_us,
                       config.cache_capacity > 0};
   rt->controller_ = rt->NewController(rt->transport_.get(), initial);
+  rt->controller_->SetHost(HostName());
+  if (config.straggler_check != 0) {
+    StragglerOptions so;
+    so.window = static_cast<int>(config.straggler_window);
+    so.lag_fraction = config.straggler_lag;
+    so.min_lag_s = config.straggler_min_lag_ms * 1e-3;
+    so.share = config.straggler_share;
+    rt->controller_->EnableStragglerMonitor(so);
+  }
   auto global = std::make_unique<ProcessSetState>();
   global->transport = rt->transport_.get();
   global->controller = rt->controller_.get();
@@ -189,11 +209,13 @@ void Runtime::Loop() {
   bool busy = false;  // the last cycle ran work
   TunedParams last_params = controller_->params();
   bool last_done = controller_->autotune_done();
+  uint64_t stragglers_version = 0;
   auto next_gpu_check = std::chrono::steady_clock::now();
   while (true) {
     std::map<int32_t, std::vector<Request>> fresh;
     std::vector<TimelineCommand> timeline_commands;
     std::vector<std::string> waits;
+    std::string wait_site;
     bool want_shutdown;
     const double wake_delay_us = controller_->params().wake_delay_us;
     const auto spin = std::chrono::microseconds(static_cast<int64_t>(spin_us()));
@@ -221,7 +243,9 @@ void Runtime::Loop() {
       timeline_commands.swap(timeline_commands_);
       waits.clear();
       for (const auto& kv : waits_) waits.push_back(kv.first + "\t" + kv.second);
+      wait_site = wait_site_;
     }
+    controller_->SetWaitSite(wait_site);
     if (!timeline_commands.empty()) ApplyTimelineCommands(std::move(timeline_commands));
     // One cycle per process set this rank is in, in id order (the same order on
     // every rank, so members of a set meet in its cycle). Shutdown is negotiated
@@ -249,6 +273,11 @@ void Runtime::Loop() {
       }
     }
     timeline_.Flush();
+    if (controller_->stragglers_version() != stragglers_version) {
+      stragglers_version = controller_->stragglers_version();
+      MutexLock lock(mu_);
+      stragglers_snapshot_ = controller_->stragglers();
+    }
     if (!(controller_->params() == last_params) || controller_->autotune_done() != last_done) {
       last_params = controller_->params();
       last_done = controller_->autotune_done();

@@ -74,6 +74,18 @@ class Runtime {
     MutexLock lock(mu_);
     waits_.erase(name);
   }
+  // A thread's wait for an op took a while (at least HOROVOD_STRAGGLER_MIN_LAG_MS) in the
+  // Python caller `site`: the straggler report says where the ranks wait.
+  void NoteLongWait(const std::string& site) {
+    MutexLock lock(mu_);
+    wait_site_ = site;
+  }
+  // The coordinator's latest straggler report, as this rank last received it
+  // (samples 0: none yet).
+  StragglerReport stragglers() {
+    MutexLock lock(mu_);
+    return stragglers_snapshot_;
+  }
   ~Runtime();
 
   const WorldInfo& world() const { return world_; }
@@ -174,6 +186,8 @@ class Runtime {
   const std::shared_ptr<NameReservations> names_ = std::make_shared<NameReservations>();
   std::unordered_map<std::string, Entry> pending_ HVD_GUARDED_BY(mu_);
   std::map<std::string, std::string> waits_ HVD_GUARDED_BY(mu_);  // name -> caller
+  std::string wait_site_ HVD_GUARDED_BY(mu_);                     // NoteLongWait()
+  StragglerReport stragglers_snapshot_ HVD_GUARDED_BY(mu_);
   bool shutdown_requested_ HVD_GUARDED_BY(mu_) = false;
   bool joined_ HVD_GUARDED_BY(mu_) = false;  // hvd.join() pending; zeros stand in for ops
   // The CUDA device of those zeros: hvd.join's, else that of the last CUDA tensor this

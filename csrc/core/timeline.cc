@@ -152,6 +152,13 @@ void Timeline::MarkCycle() {
                static_cast<long long>(NowUs()));
 }
 
+void Timeline::Counter(const std::string& name, double value) {
+  if (!file_) return;
+  std::fprintf(
+      file_, "{\"name\": %s, \"ph\": \"C\", \"ts\": %lld, \"pid\": 0, \"args\": {\"ms\": %.3f}},\n",
+      JsonString(name).c_str(), static_cast<long long>(NowUs()), value);
+}
+
 void Timeline::Flush() {
   if (file_) std::fflush(file_);
 }

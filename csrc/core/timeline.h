@@ -5,7 +5,9 @@
 //   <OP>               response .. done, with nested activities QUEUE,
 //                      MEMCPY_IN_FUSION_BUFFER, the transport's collective
 //                      (e.g. TCP_ALLREDUCE, NCCL_ALLREDUCE) and MEMCPY_OUT_FUSION_BUFFER
-// and, with mark_cycles, a global instant "CYCLE_START" per cycle that ran work.
+// a counter track per rank, STRAGGLER_LAG_MS_RANK_<r>, with its lateness in each
+// cycle that completed ops (core/straggler.h), and, with mark_cycles, a global instant
+// "CYCLE_START" per cycle that ran work.
 //
 // The file is a JSON array written incrementally (flushed every cycle), so a
 // killed job leaves a readable prefix; Stop() closes the array. Timestamps are
@@ -45,6 +47,8 @@ class Timeline {
   // Ends the activity and the op of `name`.
   void OpEnd(const std::string& name);
   void MarkCycle();
+  // A sample of the counter track `name` (a Chrome trace "C" event).
+  void Counter(const std::string& name, double value);
   void Flush();
 
  private:

@@ -36,6 +36,7 @@ struct Globals {
   bool mpi_threads HVD_GUARDED_BY(mu) = false;  // MPI_THREAD_MULTIPLE granted
   std::atomic<double> wait_spin_us{0};          // HOROVOD_SPIN_US of the last init()
   std::atomic<double> stall_warn_s{60};         // HOROVOD_STALL_CHECK_TIME_SECONDS (inf: off)
+  std::atomic<double> long_wait_s{0.005};       // HOROVOD_STRAGGLER_MIN_LAG_MS (inf: off)
   std::atomic<bool> native_grad_hooks{true};    // HOROVOD_NATIVE_GRAD_HOOKS of the last init()
 };
 
@@ -108,6 +109,8 @@ py::tuple InitWith(const WorldMaker& make_world) {
       if (G().runtime) G().wait_spin_us = G().runtime->spin_us();
       G().owner = getpid();
       G().stall_warn_s = StallWarnSeconds(config);
+      G().long_wait_s = config.straggler_check != 0 ? config.straggler_min_lag_ms * 1e-3
+                                                    : std::numeric_limits<double>::infinity();
       G().native_grad_hooks = config.native_grad_hooks != 0;
     }
   }
@@ -292,22 +295,26 @@ py::tuple Result(const HandleState& h) {
   return py::make_tuple(static_cast<int>(st.code()), st.message(), out, splits);
 }
 
-// "file:line in function" of the innermost Python frame outside horovod_torch (the
-// user's call), or "(unknown)". Needs the GIL.
+// "file:line in function" of the innermost Python frame outside horovod_torch and
+// torch (the user's call: `optimizer.step()`, not torch's wrapper of it), or
+// "(unknown)". Walks the frames without reading source lines. Needs the GIL.
 std::string PythonCaller() {
   try {
-    py::object stack = py::module_::import("traceback").attr("extract_stack")();
-    const std::string pkg =
-        py::module_::import("os.path")
-            .attr("dirname")(py::module_::import("horovod_torch").attr("__file__"))
-            .cast<std::string>();
-    const py::list frames(stack);
-    for (size_t i = frames.size(); i-- > 0;) {
-      py::handle frame = frames[i];
-      std::string file = frame.attr("filename").cast<std::string>();
-      if (file.rfind(pkg, 0) == 0) continue;
-      return file + ":" + std::to_string(frame.attr("lineno").cast<int>()) + " in " +
-             frame.attr("name").cast<std::string>();
+    auto dir_of = [](const char* module) {
+      return py::module_::import("os.path")
+                 .attr("dirname")(py::module_::import(module).attr("__file__"))
+                 .cast<std::string>() +
+             "/";
+    };
+    static const std::string ours = dir_of("horovod_torch");
+    static const std::string torch_dir = dir_of("torch");
+    py::object frame = py::module_::import("sys").attr("_getframe")(0);
+    for (; !frame.is_none(); frame = frame.attr("f_back")) {
+      py::object code = frame.attr("f_code");
+      const std::string file = code.attr("co_filename").cast<std::string>();
+      if (file.rfind(ours, 0) == 0 || file.rfind(torch_dir, 0) == 0) continue;
+      return file + ":" + std::to_string(frame.attr("f_lineno").cast<int>()) + " in " +
+             code.attr("co_name").cast<std::string>();
     }
   } catch (const py::error_already_set&) {
   }
@@ -339,11 +346,15 @@ void NoteWait(const std::string& name, const std::string& site) {
 void WaitInterruptibly(HandleState& h, double spin_us) {
   constexpr std::chrono::milliseconds kSignalCheck(100);
   bool done = h.done();
-  if (!done) {
+  if (done) {
+    h.ReleaseName();
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  {
     py::gil_scoped_release nogil;
     done = h.Wait(spin_us, kSignalCheck);
   }
-  const auto start = std::chrono::steady_clock::now();
   bool told = false;
   std::string noted;        // the Python caller, read after half a second
   bool registered = false;  // ... and handed to the runtime for the stall report
@@ -377,6 +388,15 @@ void WaitInterruptibly(HandleState& h, double spin_us) {
     NoteWait(h.name(), "");
   }
   h.ReleaseName();
+  // A wait as long as a straggler's lag: where the ranks wait, for the straggler
+  // report (a frame walk per such wait, far below the wait itself).
+  if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >=
+      G().long_wait_s.load()) {
+    if (noted.empty()) noted = PythonCaller();
+    py::gil_scoped_release nogil;
+    MutexLock lock(G().mu);
+    if (G().runtime) G().runtime->NoteLongWait(noted);
+  }
 }
 
 // Waits, releases the handle and returns (code, message, output or None, received
@@ -500,6 +520,22 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("stop_timeline", [] { return ControlTimeline(false, "", false); });
   m.def("tuned_params", &TunedParamsDict);
+  // The straggler report as this rank last received it: (cycles, samples, step_s, threshold_s,
+  // straggler, wait_site, [(host, median_s, p95_s, last_share) per rank]), or None.
+  m.def("straggler_report", []() -> py::object {
+    StragglerReport r;
+    {
+      MutexLock lock(G().mu);
+      if (!G().runtime) return py::none();
+      r = G().runtime->stragglers();
+    }
+    py::list ranks;
+    for (const RankLag& l : r.ranks) {
+      ranks.append(py::make_tuple(l.host, l.median_s, l.p95_s, l.last_share));
+    }
+    return py::make_tuple(r.cycles, r.samples, r.step_s, r.threshold_s, r.straggler, r.wait_site,
+                          ranks);
+  });
   m.def("process_sets", []() -> py::object {
     MutexLock lock(G().mu);
     if (!G().runtime) return py::none();

@@ -138,6 +138,8 @@ std::string Encode(const RequestList& list) {
   for (const auto& r : list.requests) Put(w, r);
   w.U32(static_cast<uint32_t>(list.waits.size()));
   for (const auto& s : list.waits) w.Str(s);
+  w.Str(list.host);
+  w.Str(list.wait_site);
   return std::move(w.str());
 }
 
@@ -156,6 +158,23 @@ std::string Encode(const ResponseList& list) {
     w.I64(list.fusion_threshold_bytes);
     w.F64(list.wake_delay_us);
     w.Bool(list.cache_enabled);
+  }
+  w.Bool(list.has_stragglers);
+  if (list.has_stragglers) {
+    const StragglerReport& s = list.stragglers;
+    w.I32(s.cycles);
+    w.I32(s.samples);
+    w.F64(s.step_s);
+    w.F64(s.threshold_s);
+    w.I32(s.straggler);
+    w.Str(s.wait_site);
+    w.U32(static_cast<uint32_t>(s.ranks.size()));
+    for (const RankLag& r : s.ranks) {
+      w.Str(r.host);
+      w.F64(r.median_s);
+      w.F64(r.p95_s);
+      w.F64(r.last_share);
+    }
   }
   return std::move(w.str());
 }
@@ -177,6 +196,8 @@ Status Decode(const std::string& bytes, RequestList* list) {
   const uint32_t waits = rd.U32();
   list->waits.clear();
   for (uint32_t i = 0; i < waits && rd.ok(); ++i) list->waits.push_back(rd.Str());
+  list->host = rd.Str();
+  list->wait_site = rd.Str();
   return Finish(rd, "request list");
 }
 
@@ -200,6 +221,26 @@ Status Decode(const std::string& bytes, ResponseList* list) {
     list->fusion_threshold_bytes = rd.I64();
     list->wake_delay_us = rd.F64();
     list->cache_enabled = rd.Bool();
+  }
+  list->has_stragglers = rd.Bool();
+  list->stragglers = StragglerReport();
+  if (list->has_stragglers) {
+    StragglerReport& s = list->stragglers;
+    s.cycles = rd.I32();
+    s.samples = rd.I32();
+    s.step_s = rd.F64();
+    s.threshold_s = rd.F64();
+    s.straggler = rd.I32();
+    s.wait_site = rd.Str();
+    const uint32_t n = rd.U32();
+    for (uint32_t i = 0; i < n && rd.ok(); ++i) {
+      RankLag r;
+      r.host = rd.Str();
+      r.median_s = rd.F64();
+      r.p95_s = rd.F64();
+      r.last_share = rd.F64();
+      s.ranks.push_back(std::move(r));
+    }
   }
   return Finish(rd, "response list");
 }

@@ -59,6 +59,10 @@ struct RequestList {
   // The ops this rank's threads have waited for a while, "name\tfile:line" (the
   // Python caller): only for the coordinator's stall report, empty otherwise.
   std::vector<std::string> waits;
+  // This rank's host (HOROVOD_HOSTNAME, else its host name) and the Python caller of
+  // its last wait that took a while ("file:line"): for the straggler report.
+  std::string host;
+  std::string wait_site;
 };
 
 // One collective to run (or one error to report) for one tensor name.
@@ -78,6 +82,24 @@ struct Response {
   bool on_gpu = false;  // CUDA tensors: run by the GPU backend
 };
 
+// The coordinator's straggler measurement (core/straggler.h), sent to every rank:
+// per rank, how far behind the first rank its requests arrived.
+struct RankLag {
+  std::string host;
+  double median_s = 0;    // median lateness over the report's samples
+  double p95_s = 0;       // 95th percentile
+  double last_share = 0;  // share of the samples in which it was last
+};
+struct StragglerReport {
+  int32_t cycles = 0;      // cycles that completed ops, in the window
+  int32_t samples = 0;     // ... of which some rank was at least the minimum lag behind
+  double step_s = 0;       // median interval between repeats of one op (0: none yet)
+  double threshold_s = 0;  // median lateness above which a rank that is mostly last is named
+  int32_t straggler = -1;  // the rank named, or -1
+  std::string wait_site;   // where the other ranks wait for it (Python caller), if known
+  std::vector<RankLag> ranks;
+};
+
 struct ResponseList {
   std::vector<uint64_t> ready_bits;    // AND over ranks, invalid ones removed
   std::vector<uint64_t> invalid_bits;  // OR over ranks
@@ -90,6 +112,9 @@ struct ResponseList {
   int64_t fusion_threshold_bytes = 0;
   double wake_delay_us = 0;
   bool cache_enabled = true;
+  // The straggler report, refreshed about once a second.
+  bool has_stragglers = false;
+  StragglerReport stragglers;
 };
 
 std::string Encode(const RequestList& list);

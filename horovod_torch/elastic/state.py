@@ -191,6 +191,7 @@ class State:
         and no collective is run."""
         elastic = worker.is_elastic() and basics.is_initialized()
         if elastic and basics.rank() == 0 and hasattr(self._host_messages, "poll"):
+            worker.watch_straggler(basics.straggler_report())
             self._host_messages.poll()
         prev = last = self._last_updated_timestamp
         update = HostUpdateResult.no_update

@@ -119,6 +119,35 @@ def _tell_driver(*items: Tuple[str, bytes]) -> None:
               flush=True)
 
 
+# Rank 0 under --straggler-policy evict: the rank its reports name, since when, and
+# the generation in which it asked the driver to evict a host.
+_named = {"rank": None, "since": 0.0, "asked_gen": -1}
+
+
+def watch_straggler(report) -> None:
+    """Rank 0 of an elastic job, at each commit: once the same rank has been named a
+    straggler (hvd.straggler_report()) for HOROVOD_STRAGGLER_EVICT_AFTER seconds, asks
+    the driver, once per generation, to evict its host (elastic_keys.straggler_key).
+    Nothing without --straggler-policy evict."""
+    after = launch_env.current().straggler_evict_after_s
+    if after is None or not is_elastic() or not _has_store() or _gen < 0:
+        return
+    now = time.monotonic()
+    if report.straggler is None or report.straggler != _named["rank"]:
+        _named.update(rank=report.straggler, since=now)
+        return
+    if _named["asked_gen"] == _gen or now - _named["since"] < after:
+        return
+    lag = report.ranks[report.straggler]
+    reason = (f"rank {report.straggler} was named a straggler for {now - _named['since']:.0f} s: "
+              f"last in {lag.last_share:.0%} of the {report.samples} cycles (of the last "
+              f"{report.cycles}) in which a rank was behind, "
+              f"{lag.median_s * 1e3:.1f} ms behind the first rank (median; a step takes "
+              f"{report.step_s * 1e3:.1f} ms)")
+    _tell_driver((elastic_keys.straggler_key(_gen), f"{lag.host}\t{reason}".encode()))
+    _named["asked_gen"] = _gen
+
+
 def report_fatal(message: str) -> None:
     """Tells the driver that the job cannot go on: it stops the job (status 1) when
     this worker exits non-zero, instead of starting replacements."""

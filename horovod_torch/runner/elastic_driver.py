@@ -25,7 +25,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from horovod_torch import config, elastic_keys
 from horovod_torch.runner import driver, hosts
@@ -78,6 +78,7 @@ class ElasticOptions:
     cooldown: Optional[Tuple[float, float]] = None
     elastic_timeout: float = 600.0
     verbose: bool = False
+    evict_stragglers: bool = False  # --straggler-policy evict
     start_timeout: float = float(config.DEFAULT_START_TIMEOUT_S)
     # Instead of a discovery script: a function returning {host: slots} (raises on
     # failure), run in the background like the script (horovod_torch.ray: Ray's nodes).
@@ -272,6 +273,7 @@ class ElasticDriver:
         self._workers: Dict[str, _Worker] = {}
         self._hosts: Dict[str, int] = {}
         self._blacklist: Dict[str, float] = {}  # host -> time it may be used again
+        self._evict_asked: Set[int] = set()  # generations whose straggler key was read
         self._failures: Dict[str, int] = {}
         self._ids = itertools.count()
         self._gen = -1
@@ -544,7 +546,7 @@ class ElasticDriver:
             vanished = self._remove_vanished()
             if vanished is None:
                 return 1
-            changed = changed or vanished
+            changed = self._evict_straggler() or changed or vanished
             if time.monotonic() >= next_grow and not finished:
                 next_grow = time.monotonic() + DISCOVERY_PERIOD_S
                 if self._grow(self._o.max_np):
@@ -710,6 +712,36 @@ class ElasticDriver:
                        f"{self._o.elastic_timeout:.0f} s; stopping")
             return None
         return False
+
+    def _evict_straggler(self) -> bool:
+        """--straggler-policy evict: once rank 0 of the current generation asks
+        (elastic_keys.straggler_key), removes the straggler's host as a failed host is
+        removed (blacklisted, back after the cool-down) and marks its workers removed;
+        True if it did. Never below --min-np: then it says so and leaves the host in."""
+        if not self._o.evict_stragglers or self._gen < 0 or self._gen in self._evict_asked:
+            return False
+        raw = self._store.get(elastic_keys.straggler_key(self._gen))
+        if raw is None:
+            return False
+        self._evict_asked.add(self._gen)
+        host, _, reason = raw.decode(errors="replace").partition("\t")
+        victims = [w for w in self._live() if w.host == host]
+        if not victims:
+            return False
+        staying = [w for w in self._eligible() if w.host != host and w.host in self._hosts]
+        if len(staying) < self._o.min_np:
+            driver.log(f"not evicting host {host} ({reason}): fewer than --min-np "
+                       f"{self._o.min_np} workers would remain")
+            return False
+        self._blacklist_host(host)
+        until = self._blacklist.get(host, 0.0) - time.monotonic()
+        back = ("for good (no --blacklist-cooldown-range)" if until == float("inf") else
+                f"for {until:.0f} s (blacklist cool-down)")
+        driver.log(f"evicting host {host} {back}: {reason}")
+        now = time.monotonic()
+        for w in victims:
+            w.removed_at = now
+        return True
 
     def _reap_removed(self) -> None:
         now = time.monotonic()

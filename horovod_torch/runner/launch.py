@@ -269,6 +269,16 @@ def make_parser() -> argparse.ArgumentParser:
                          default=None, metavar="T",
                          help="seconds to wait for enough workers (default: "
                               "$HOROVOD_ELASTIC_TIMEOUT or 600)")
+    elastic.add_argument("--straggler-policy", dest="straggler_policy",
+                         choices=("report", "evict"), default="report",
+                         help="report (default): a persistent straggler is named in the log "
+                              "and hvd.straggler_report(); evict: its host is also removed "
+                              "from the job as a failed host is (back after the blacklist "
+                              "cool-down), never below --min-np")
+    elastic.add_argument("--straggler-evict-after", dest="straggler_evict_after", type=float,
+                         default=30.0, metavar="S",
+                         help="with --straggler-policy evict: seconds the same rank must stay "
+                              "named a straggler before its host is evicted (default 30)")
     parser.add_argument(
         "command", nargs=argparse.REMAINDER,
         help="command to run in every worker, e.g. python train.py")
@@ -322,6 +332,9 @@ def parse_args(argv: Optional[Sequence[str]] = None,
             parser.error("--mpi cannot be combined with elastic mode (--host-discovery-script "
                          "or --min-np); elastic jobs use the TCP transport")
         return _check_elastic(parser, args)
+    if args.straggler_policy == "evict":
+        parser.error("--straggler-policy evict applies to elastic jobs only (--min-np or "
+                     "--host-discovery-script): a static job cannot go on without a host")
     if args.max_np is not None:
         _notice("--max-np", "it applies to elastic jobs only (--min-np or "
                             "--host-discovery-script)")
@@ -535,6 +548,9 @@ def _check_elastic(parser: argparse.ArgumentParser,
         parser.error(f"--reset-limit must be >= 0 (0: no limit), got {args.reset_limit}")
     if not args.elastic_timeout > 0:
         parser.error(f"--elastic-timeout must be > 0 seconds, got {args.elastic_timeout:g}")
+    if not args.straggler_evict_after > 0:
+        parser.error("--straggler-evict-after must be > 0 seconds, got "
+                     f"{args.straggler_evict_after:g}")
     args.min_np = args.min_np or args.num_proc or 1
     args.num_proc = args.num_proc or args.min_np
     # Without --max-np the job grows to every slot it finds, as Horovod's does.
@@ -665,6 +681,8 @@ def run_elastic(args: argparse.Namespace) -> int:
         env.update({"HOROVOD_ELASTIC": "1", "HOROVOD_ELASTIC_WORKER_ID": worker_id,
                     "HOROVOD_ELASTIC_TIMEOUT": str(args.elastic_timeout),
                     "HOROVOD_ELASTIC_RESET_LIMIT": str(args.reset_limit)})
+        if args.straggler_policy == "evict":
+            env["HOROVOD_STRAGGLER_EVICT_AFTER"] = str(args.straggler_evict_after)
         return env
 
     opts = ElasticOptions(num_proc=args.num_proc, min_np=args.min_np,
@@ -673,6 +691,7 @@ def run_elastic(args: argparse.Namespace) -> int:
                           fixed_hosts=args.fixed_hosts, reset_limit=args.reset_limit,
                           cooldown=tuple(args.cooldown) if args.cooldown else None,
                           elastic_timeout=args.elastic_timeout, verbose=args.verbose,
+                          evict_stragglers=args.straggler_policy == "evict",
                           start_timeout=float(args.start_timeout))
     if args.verbose:
         driver.log(f"rendezvous store at {args.store_addr}:{port}")

@@ -91,6 +91,8 @@ RequestList SampleRequestList() {
   l.invalid_bits = {42};
   l.shutdown = true;
   l.waits = {"grad/layer1.weight\ttrain.py:42", ""};
+  l.host = "node-7";
+  l.wait_site = "train.py:57 in main";
   return l;
 }
 
@@ -103,6 +105,14 @@ ResponseList SampleResponseList() {
   l.invalid_bits = {};
   l.shutdown = true;
   l.shutdown_rank = 5;
+  l.has_stragglers = true;
+  l.stragglers.cycles = 64;
+  l.stragglers.samples = 40;
+  l.stragglers.step_s = 0.25;
+  l.stragglers.threshold_s = 0.025;
+  l.stragglers.straggler = 1;
+  l.stragglers.wait_site = "train.py:57 in main";
+  l.stragglers.ranks = {RankLag{"a", 0, 0.001, 0}, RankLag{"b", 0.04, 0.05, 0.9}};
   return l;
 }
 
@@ -167,6 +177,8 @@ TEST(Message, RequestListRoundTrip) {
   EXPECT_EQ(out.ready_bits, in.ready_bits);
   EXPECT_EQ(out.invalid_bits, in.invalid_bits);
   EXPECT_EQ(out.waits, in.waits);
+  EXPECT_EQ(out.host, in.host);
+  EXPECT_EQ(out.wait_site, in.wait_site);
   ASSERT_EQ(out.requests.size(), in.requests.size());
   for (size_t i = 0; i < in.requests.size(); ++i) ExpectEq(in.requests[i], out.requests[i]);
   EXPECT_EQ(Encode(out), bytes);
@@ -188,6 +200,12 @@ TEST(Message, ResponseListRoundTrip) {
   EXPECT_EQ(out.invalid_bits, in.invalid_bits);
   ASSERT_EQ(out.responses.size(), in.responses.size());
   for (size_t i = 0; i < in.responses.size(); ++i) ExpectEq(in.responses[i], out.responses[i]);
+  ASSERT_TRUE(out.has_stragglers);
+  EXPECT_EQ(out.stragglers.straggler, 1);
+  EXPECT_EQ(out.stragglers.wait_site, in.stragglers.wait_site);
+  ASSERT_EQ(out.stragglers.ranks.size(), 2u);
+  EXPECT_EQ(out.stragglers.ranks[1].host, "b");
+  EXPECT_EQ(out.stragglers.ranks[1].last_share, 0.9);
   EXPECT_EQ(Encode(out), bytes);
 }
 

@@ -1,0 +1,168 @@
+#include "core/straggler.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace hvd {
+namespace {
+
+int64_t Ns(StragglerMonitor::Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+// The q-quantile of `v` (nearest rank); sorts it.
+double Quantile(std::vector<float>* v, double q) {
+  if (v->empty()) return 0;
+  std::sort(v->begin(), v->end());
+  size_t k = static_cast<size_t>(std::ceil(q * static_cast<double>(v->size())));
+  return (*v)[std::min(v->size() - 1, k == 0 ? 0 : k - 1)];
+}
+
+template <typename F>
+void ForEachBit(uint64_t word, size_t w, F f) {
+  for (; word != 0; word &= word - 1) f(w * 64 + static_cast<size_t>(__builtin_ctzll(word)));
+}
+
+}  // namespace
+
+StragglerMonitor::StragglerMonitor(int size, StragglerOptions options)
+    : size_(size),
+      options_(options),
+      prev_bits_(size),
+      cycle_ns_(size, 0),
+      ring_(static_cast<size_t>(std::max(1, options.window)) * size, 0.f),
+      steps_(static_cast<size_t>(std::max(1, options.window)), 0.f),
+      hosts_(size),
+      sites_(size) {
+  report_.ranks.resize(size);
+}
+
+void StragglerMonitor::NoteRank(int rank, const std::string& host, const std::string& wait_site) {
+  if (rank < 0 || rank >= size_) return;
+  hosts_[rank] = host;
+  if (!wait_site.empty()) sites_[rank] = wait_site;
+}
+
+void StragglerMonitor::ObserveBits(const std::vector<const std::vector<uint64_t>*>& bits,
+                                   const std::vector<uint64_t>& done,
+                                   const std::vector<uint64_t>& invalid, Clock::time_point now) {
+  const size_t words = done.size();
+  if (static_cast<int>(bits.size()) != size_) return;
+  if (last_done_ns_.size() < words * 64) {
+    last_done_ns_.resize(words * 64, 0);
+    seen_ns_.resize(words * 64 * static_cast<size_t>(size_), 0);
+  }
+  const int64_t now_ns = Ns(now);
+  // A position newly set on a rank: it became ready there now.
+  for (int r = 0; r < size_; ++r) {
+    std::vector<uint64_t>& prev = prev_bits_[r];
+    prev.resize(words, 0);
+    const std::vector<uint64_t>& cur = *bits[r];
+    for (size_t w = 0; w < words; ++w) {
+      const uint64_t now_bits = w < cur.size() ? cur[w] : 0;
+      ForEachBit(now_bits & ~prev[w], w,
+                 [&](size_t pos) { seen_ns_[pos * size_ + static_cast<size_t>(r)] = now_ns; });
+      prev[w] = now_bits;
+    }
+  }
+  // A completed position is a sample when every rank had it (not so for a joined
+  // rank); either way its bits are forgotten, so a repeat next cycle counts anew.
+  for (size_t w = 0; w < words; ++w) {
+    ForEachBit(done[w], w, [&](size_t pos) {
+      bool everyone = true;
+      for (int r = 0; r < size_; ++r) everyone = everyone && (prev_bits_[r][w] >> (pos % 64)) & 1;
+      if (everyone) AddOp(&seen_ns_[pos * size_], now_ns, &last_done_ns_[pos]);
+    });
+    const uint64_t gone = done[w] | (w < invalid.size() ? invalid[w] : 0);
+    for (int r = 0; r < size_; ++r) prev_bits_[r][w] &= ~gone;
+  }
+}
+
+void StragglerMonitor::ObserveNamed(const std::vector<Clock::time_point>& arrived) {
+  if (static_cast<int>(arrived.size()) != size_) return;
+  std::vector<int64_t> ns(size_);
+  for (int r = 0; r < size_; ++r) ns[r] = Ns(arrived[r]);
+  AddOp(ns.data(), 0, nullptr);
+}
+
+void StragglerMonitor::AddOp(const int64_t* seen_ns, int64_t done_ns, int64_t* last_done_ns) {
+  const int64_t first = *std::min_element(seen_ns, seen_ns + size_);
+  for (int r = 0; r < size_; ++r) cycle_ns_[r] = std::max(cycle_ns_[r], seen_ns[r] - first);
+  cycle_has_ = true;
+  if (last_done_ns == nullptr) return;
+  if (*last_done_ns != 0) {
+    steps_[steps_head_] = static_cast<float>(static_cast<double>(done_ns - *last_done_ns) * 1e-9);
+    steps_head_ = (steps_head_ + 1) % static_cast<int>(steps_.size());
+    steps_count_ = std::min(steps_count_ + 1, static_cast<int>(steps_.size()));
+  }
+  *last_done_ns = done_ns;
+}
+
+bool StragglerMonitor::EndCycle(Clock::time_point now) {
+  sample_out_.clear();
+  if (cycle_has_) {
+    float* row = &ring_[static_cast<size_t>(head_) * size_];
+    sample_out_.resize(size_);
+    for (int r = 0; r < size_; ++r) {
+      sample_out_[r] = static_cast<double>(cycle_ns_[r]) * 1e-9;
+      row[r] = static_cast<float>(sample_out_[r]);
+      cycle_ns_[r] = 0;
+    }
+    const int window = static_cast<int>(ring_.size()) / size_;
+    head_ = (head_ + 1) % window;
+    count_ = std::min(count_ + 1, window);
+    cycle_has_ = false;
+  }
+  if (now < next_eval_) return false;
+  next_eval_ = now + std::chrono::milliseconds(250);
+  const int before = report_.straggler;
+  Evaluate();
+  return report_.straggler != before;
+}
+
+void StragglerMonitor::Evaluate() {
+  StragglerReport& rep = report_;
+  rep.cycles = count_;
+  std::vector<float> steps(steps_.begin(), steps_.begin() + steps_count_);
+  rep.step_s = Quantile(&steps, 0.5);
+  rep.threshold_s = std::max(options_.min_lag_s, options_.lag_fraction * rep.step_s);
+  // The samples that count: cycles in which some rank was at least min_lag behind (a
+  // wait worth naming). Cycles of ops every rank reached together (a metric's
+  // allreduce right after the gradients', a commit's broadcast) say nothing about who
+  // holds the job up, and would dilute a straggler's share and median.
+  std::vector<const float*> rows;
+  for (int i = 0; i < count_; ++i) {
+    const float* row = &ring_[static_cast<size_t>(i) * size_];
+    if (*std::max_element(row, row + size_) >= options_.min_lag_s) rows.push_back(row);
+  }
+  rep.samples = static_cast<int32_t>(rows.size());
+  std::vector<int> last(size_, 0);
+  for (const float* row : rows) {
+    const float top = *std::max_element(row, row + size_);
+    for (int r = 0; r < size_; ++r) last[r] += row[r] == top ? 1 : 0;
+  }
+  // Enough samples to judge: a quarter of the window (at least 8).
+  const int enough = std::max(8, static_cast<int>(ring_.size()) / size_ / 4);
+  rep.straggler = -1;
+  std::vector<float> lags(rows.size());
+  for (int r = 0; r < size_; ++r) {
+    for (size_t i = 0; i < rows.size(); ++i) lags[i] = rows[i][r];
+    RankLag& out = rep.ranks[r];
+    out.host = hosts_[r];
+    out.p95_s = Quantile(&lags, 0.95);
+    out.median_s = Quantile(&lags, 0.5);
+    out.last_share = rows.empty() ? 0 : static_cast<double>(last[r]) / rows.size();
+    if (rep.samples >= enough && out.last_share > options_.share &&
+        out.median_s >= rep.threshold_s &&
+        (rep.straggler < 0 || out.median_s > rep.ranks[rep.straggler].median_s)) {
+      rep.straggler = r;
+    }
+  }
+  // Where the others wait for it: rank 0's last long wait, else another rank's.
+  rep.wait_site.clear();
+  for (int r = 0; r < size_ && rep.straggler >= 0 && rep.wait_site.empty(); ++r) {
+    if (r != rep.straggler) rep.wait_site = sites_[r];
+  }
+}
+
+}  // namespace hvd

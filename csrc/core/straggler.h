@@ -1,0 +1,95 @@
+// Straggler detection (coordinator of the global set only; docs/observability.md).
+//
+// In synchronous data parallelism every step runs at the pace of the slowest rank,
+// and every rank then waits in the same collective, so the ranks' own step times
+// say nothing about who is slow. The coordinator sees more: each cycle, which
+// ranks have an op ready. For each op that every rank submitted, a rank's lateness
+// is when the coordinator first saw it ready on that rank minus when it first saw
+// it on the earliest rank (cycle timestamps: the resolution is one cycle). One
+// sample per cycle in which ops completed: each rank's largest lateness over those
+// ops. Of a rolling window of samples (HOROVOD_STRAGGLER_WINDOW cycles), those in
+// which some rank was at least HOROVOD_STRAGGLER_MIN_LAG_MS behind count: they give,
+// per rank, the median and 95th percentile lateness and the share of them in which it
+// was last. A rank that is last in more than HOROVOD_STRAGGLER_SHARE of them, with a
+// median lateness of at least the threshold (HOROVOD_STRAGGLER_LAG of the step time,
+// at least HOROVOD_STRAGGLER_MIN_LAG_MS), is named once a quarter of the window (at
+// least 8) counts.
+//
+// Where it comes from: per-rank ready bits, which the coordinator has in every full
+// cycle and, up to Controller::kPerRankBitsMaxRanks ranks, in the steady-state
+// exchange too (beyond, that exchange is an AND/OR allreduce and only full cycles
+// are measured), and the arrival of each rank's full requests.
+//
+// Threading: used only by the background thread. Torch-free.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "wire/message.h"
+
+namespace hvd {
+
+struct StragglerOptions {
+  int window = 64;            // samples kept
+  double lag_fraction = 0.1;  // threshold, as a fraction of the step time
+  double min_lag_s = 0.005;   // ... and at least this
+  double share = 0.5;         // a rank must be last in more than this share of samples
+};
+
+class StragglerMonitor {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  StragglerMonitor(int size, StragglerOptions options);
+
+  // Records what each rank sent in a full cycle: its host and its last long wait.
+  void NoteRank(int rank, const std::string& host, const std::string& wait_site);
+  // One cycle's per-rank ready bits (`bits[r]`: cache positions rank r has pending)
+  // and the positions that complete in it (`done`: ready on every rank) or were
+  // dropped (`invalid`).
+  void ObserveBits(const std::vector<const std::vector<uint64_t>*>& bits,
+                   const std::vector<uint64_t>& done, const std::vector<uint64_t>& invalid,
+                   Clock::time_point now);
+  // A named op every rank submitted: when each rank's request arrived.
+  void ObserveNamed(const std::vector<Clock::time_point>& arrived);
+  // Ends a cycle. Every quarter of a second it re-evaluates the window; true when
+  // the named straggler changed (then report() says who, and the caller logs it).
+  bool EndCycle(Clock::time_point now);
+  // As of the last evaluation.
+  const StragglerReport& report() const { return report_; }
+  const StragglerOptions& options() const { return options_; }
+  // The sample this cycle added (per rank, seconds), or empty when it added none.
+  const std::vector<double>& cycle_sample() const { return sample_out_; }
+
+ private:
+  void AddOp(const int64_t* seen_ns, int64_t done_ns, int64_t* last_done_ns);
+  void Evaluate();
+
+  const int size_;
+  const StragglerOptions options_;
+  // Per cache position: when the coordinator first saw it on each rank (ns), when it
+  // last completed; per rank: the positions it had pending last cycle.
+  std::vector<int64_t> seen_ns_;       // position * size + rank
+  std::vector<int64_t> last_done_ns_;  // position
+  std::vector<std::vector<uint64_t>> prev_bits_;
+  // This cycle's sample: per rank, its largest lateness (ns); any op completed?
+  std::vector<int64_t> cycle_ns_;
+  bool cycle_has_ = false;
+  std::vector<double> sample_out_;
+  // The window: `count_` samples of `size_` lags (seconds) in a ring, and the
+  // intervals between repeats of an op (step time).
+  std::vector<float> ring_;
+  int head_ = 0;
+  int count_ = 0;
+  std::vector<float> steps_;
+  int steps_head_ = 0;
+  int steps_count_ = 0;
+  std::vector<std::string> hosts_, sites_;
+  Clock::time_point next_eval_{};
+  StragglerReport report_;
+};
+
+}  // namespace hvd

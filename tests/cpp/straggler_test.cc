@@ -1,0 +1,149 @@
+// core/straggler: lateness from per-rank ready bits and from named arrivals, the
+// window's statistics, who is named and when, and silence when ranks are balanced.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "core/straggler.h"
+
+namespace hvd {
+namespace {
+
+using Clock = StragglerMonitor::Clock;
+using std::chrono::milliseconds;
+
+// Drives a monitor with one op (cache position 3) per step: each rank sets its bit
+// `lag_ms(step, rank)` after the step starts, cycles run every millisecond, and the
+// op completes in the cycle in which the last rank set it.
+class Driver {
+ public:
+  Driver(int size, StragglerOptions o = {}) : size_(size), mon_(size, o), t_(Clock::now()) {}
+  template <typename F>
+  int Step(int step_ms, F lag_ms) {  // returns how many times the straggler changed
+    std::vector<int> lag(size_);
+    int last = 0;
+    for (int r = 0; r < size_; ++r) last = std::max(last, lag[r] = lag_ms(r));
+    int changes = 0;
+    for (int ms = 0; ms <= last; ++ms) {
+      std::vector<std::vector<uint64_t>> bits(size_, std::vector<uint64_t>(1, 0));
+      std::vector<const std::vector<uint64_t>*> ptrs;
+      for (int r = 0; r < size_; ++r) {
+        if (ms >= lag[r]) bits[r][0] = 1ull << 3;
+        ptrs.push_back(&bits[r]);
+      }
+      std::vector<uint64_t> done(1, ms == last ? 1ull << 3 : 0), invalid(1, 0);
+      mon_.ObserveBits(ptrs, done, invalid, t_ + milliseconds(ms));
+      changes += mon_.EndCycle(t_ + milliseconds(ms)) ? 1 : 0;
+    }
+    t_ += milliseconds(step_ms);
+    // An idle cycle between steps: no sample.
+    std::vector<std::vector<uint64_t>> none(size_, std::vector<uint64_t>(1, 0));
+    std::vector<const std::vector<uint64_t>*> ptrs;
+    for (auto& b : none) ptrs.push_back(&b);
+    mon_.ObserveBits(ptrs, std::vector<uint64_t>(1, 0), std::vector<uint64_t>(1, 0), t_);
+    changes += mon_.EndCycle(t_) ? 1 : 0;
+    return changes;
+  }
+  StragglerMonitor& mon() { return mon_; }
+
+ private:
+  int size_;
+  StragglerMonitor mon_;
+  Clock::time_point t_;
+};
+
+TEST(Straggler, SlowRankIsNamedWithItsLag) {
+  Driver d(3);
+  int changes = 0;
+  for (int s = 0; s < 40; ++s) changes += d.Step(300, [](int r) { return r == 1 ? 40 : 0; });
+  const StragglerReport& rep = d.mon().report();
+  EXPECT_EQ(rep.straggler, 1);
+  EXPECT_EQ(changes, 1);  // named once
+  EXPECT_EQ(rep.samples, 40);
+  EXPECT_EQ(rep.cycles, 40);
+  EXPECT_NEAR(rep.step_s, 0.300, 1e-3);
+  EXPECT_NEAR(rep.threshold_s, 0.030, 1e-6);  // 0.1 of the step
+  EXPECT_NEAR(rep.ranks[1].median_s, 0.040, 1e-6);
+  EXPECT_DOUBLE_EQ(rep.ranks[1].last_share, 1.0);
+  EXPECT_EQ(rep.ranks[0].median_s, 0);
+  EXPECT_EQ(rep.ranks[2].last_share, 0);
+}
+
+TEST(Straggler, LagBelowTheThresholdOrTooFewSamplesNamesNobody) {
+  Driver below(3);  // 20 ms behind in a 300 ms step: under 10 %
+  for (int s = 0; s < 40; ++s) below.Step(300, [](int r) { return r == 2 ? 20 : 0; });
+  EXPECT_EQ(below.mon().report().straggler, -1);
+  EXPECT_DOUBLE_EQ(below.mon().report().ranks[2].last_share, 1.0);
+  Driver few(3);  // 15 samples: under a quarter of the window (16)
+  for (int s = 0; s < 15; ++s) few.Step(300, [](int r) { return r == 2 ? 100 : 0; });
+  EXPECT_EQ(few.mon().report().straggler, -1);
+  few.Step(300, [](int r) { return r == 2 ? 100 : 0; });
+  EXPECT_EQ(few.mon().report().straggler, 2);
+}
+
+TEST(Straggler, BalancedRanksWithJitterStaySilent) {
+  std::mt19937 rng(7);
+  Driver d(4);
+  for (int s = 0; s < 500; ++s) {
+    ASSERT_EQ(d.Step(20, [&](int) { return static_cast<int>(rng() % 4); }), 0) << "step " << s;
+  }
+  EXPECT_EQ(d.mon().report().straggler, -1);
+  EXPECT_EQ(d.mon().report().cycles, 64);
+}
+
+// A second op per step that every rank reaches together (a commit's broadcast, a
+// metric) neither dilutes the straggler's share nor its median.
+TEST(Straggler, OpsReachedTogetherDoNotHideTheStraggler) {
+  Driver d(3);
+  for (int s = 0; s < 40; ++s) {
+    d.Step(0, [](int r) { return r == 2 ? 60 : 0; });
+    d.Step(300, [](int r) { return r == 0 ? 1 : 0; });  // rank 0 last, by 1 ms
+  }
+  const StragglerReport& rep = d.mon().report();
+  EXPECT_EQ(rep.cycles, 64);
+  EXPECT_EQ(rep.samples, 32);
+  EXPECT_EQ(rep.straggler, 2);
+  EXPECT_NEAR(rep.ranks[2].median_s, 0.060, 1e-6);
+  EXPECT_DOUBLE_EQ(rep.ranks[2].last_share, 1.0);
+}
+
+TEST(Straggler, RecoveryUnnamesAndAnotherRankCanBeNamed) {
+  Driver d(2);
+  for (int s = 0; s < 30; ++s) d.Step(100, [](int r) { return r == 0 ? 50 : 0; });
+  EXPECT_EQ(d.mon().report().straggler, 0);
+  for (int s = 0; s < 64; ++s) d.Step(100, [](int) { return 0; });
+  EXPECT_EQ(d.mon().report().straggler, -1);
+  for (int s = 0; s < 64; ++s) d.Step(100, [](int r) { return r == 1 ? 50 : 0; });
+  EXPECT_EQ(d.mon().report().straggler, 1);
+}
+
+TEST(Straggler, NamedArrivalsAndTheWaitSite) {
+  StragglerMonitor mon(2, StragglerOptions{});
+  Clock::time_point t = Clock::now();
+  mon.NoteRank(0, "hostA", "train.py:10 in main");
+  mon.NoteRank(1, "hostB", "");
+  for (int s = 0; s < 20; ++s) {
+    t += milliseconds(100);
+    mon.ObserveNamed({t, t + milliseconds(30)});
+    mon.EndCycle(t + milliseconds(30));
+  }
+  mon.EndCycle(t + milliseconds(1000));  // a quarter second later: evaluated again
+  const StragglerReport& rep = mon.report();
+  EXPECT_EQ(rep.straggler, 1);
+  EXPECT_EQ(rep.step_s, 0);  // named ops give no step time: the floor applies
+  EXPECT_NEAR(rep.threshold_s, 0.005, 1e-9);
+  EXPECT_EQ(rep.ranks[1].host, "hostB");
+  EXPECT_EQ(rep.wait_site, "train.py:10 in main");
+}
+
+TEST(Straggler, AJoinedRanksOpGivesNoSample) {
+  StragglerMonitor mon(2, StragglerOptions{});
+  std::vector<uint64_t> a(1, 1), b(1, 0), done(1, 1), none(1, 0);
+  mon.ObserveBits({&a, &b}, done, none, Clock::now());  // rank 1 never had it
+  mon.EndCycle(Clock::now());
+  EXPECT_TRUE(mon.cycle_sample().empty());
+  EXPECT_EQ(mon.report().samples, 0);
+}
+
+}  // namespace
+}  // namespace hvd

@@ -1,0 +1,56 @@
+"""Workers of tests/test_stragglers.py: a small data-parallel training loop in which one
+rank may be made slow (a sleep in its step, as a starved data loader would be)."""
+import time
+
+import torch
+
+import horovod_torch as hvd
+
+
+def train(slow_rank: str, delay_ms: str, steps: str, compute_ms: str = "2",
+          device: str = "cpu") -> None:
+    """Trains for `steps` steps; rank `slow_rank` (-1: none) is `delay_ms` slower in each
+    step, every rank takes `compute_ms`. On "cpu" the slow rank sleeps; on "cuda" its GPU
+    is kept busy that long (extra work on its stream) and every rank reads its loss each
+    step, as a script that logs it does. Prints the step at which this rank's report
+    first named a straggler, and the last report."""
+    hvd.init()
+    slow, delay, compute = int(slow_rank), float(delay_ms) / 1e3, float(compute_ms) / 1e3
+    dev = torch.device("cpu")
+    if device == "cuda":
+        torch.cuda.set_device(hvd.local_rank())
+        dev = torch.device("cuda", hvd.local_rank())
+        # Cycles per millisecond of this GPU, for torch.cuda._sleep.
+        cycles_per_ms = torch.cuda.get_device_properties(dev).clock_rate
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 8)).to(dev)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters())
+    x = torch.randn(16, 32, device=dev)
+    named_at, named = None, None
+    for step in range(int(steps)):
+        if hvd.rank() == slow:
+            if dev.type == "cuda":
+                torch.cuda._sleep(int(cycles_per_ms * delay * 1e3))
+            else:
+                time.sleep(delay)
+        time.sleep(compute)
+        opt.zero_grad()
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        if dev.type == "cuda":
+            loss.item()
+        report = hvd.straggler_report()
+        if named_at is None and report.straggler is not None:
+            named_at, named = step, report.straggler
+    # The last report reaches every rank within about a second of the last sample.
+    time.sleep(1.5)
+    hvd.allreduce(torch.zeros(1), name="straggler.flush")
+    report = hvd.straggler_report()
+    print(f"FINAL rank={hvd.rank()} named_at={named_at} named={named} "
+          f"straggler={report.straggler} samples={report.samples} cycles={report.cycles}",
+          flush=True)
+    print(report, flush=True)
+    hvd.shutdown()
