@@ -115,3 +115,19 @@ def test_evict_is_refused_outside_elastic_mode():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "applies to elastic jobs only" in proc.stderr, proc.stderr
 
+
+def test_after_an_eviction_every_sample_of_the_epoch_is_trained_on_exactly_once(tmp_path):
+    script = os.path.join(ROOT, "tests", "elastic_sampler_train.py")
+    rc, out = _run_elastic(tmp_path, THREE_HOSTS,
+                           {"SLOW_HOST": "127.0.0.3", "SLOW_S": "0.1", "EPOCHS": "2", "N": "600"},
+                           EVICT, script=script)
+    assert rc == 0, out
+    assert "evicting host 127.0.0.3 for good" in out, out
+    seen = {0: [], 1: []}
+    for epoch, idx in re.findall(r"SEEN epoch=(\d) idx=([\d,]+)", out):
+        seen[int(epoch)] += [int(i) for i in idx.split(",")]
+    # Epoch 0 saw the eviction part way (3 ranks, then 2; the evicted worker's part of
+    # it went to the others); epoch 1 ran on 2.
+    assert sorted(seen[0]) == list(range(600)), sorted(seen[0])
+    assert sorted(seen[1]) == list(range(600))
+    assert [f["size"] for f in _elastic_finals(out)] == ["2", "2"], out

@@ -49,6 +49,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.seed = seed
         self.epoch = 0
         self.processed_indices: set = set()
+        self._unshared: List[int] = []  # recorded, not yet shared by a commit
         self.num_replicas = 0
         self.rank = 0
         self.remaining_indices: List[int] = []  # this epoch's unprocessed, in order
@@ -77,6 +78,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         end of an epoch (not the start), so a reset within an epoch keeps the progress."""
         self.epoch = epoch
         self.processed_indices = set()
+        self._unshared = []
         self._reshard(new_pass=True)
 
     def get_indices(self, batch_idx: int, batch_size: int) -> List[int]:
@@ -91,7 +93,15 @@ class ElasticSampler(torch.utils.data.Sampler):
 
     def record_indices(self, indices: Iterable[int]) -> None:
         """Records dataset indices as processed."""
-        self.processed_indices.update(int(i) for i in indices)
+        new = [int(i) for i in indices]
+        self.processed_indices.update(new)
+        self._unshared += new
+
+    def take_unshared(self) -> List[int]:
+        """The indices recorded since the last call (or since the state was loaded or the
+        epoch set): what TorchState's commit tells the other ranks."""
+        new, self._unshared = self._unshared, []
+        return new
 
     # --------------------------------------------------------------------- state
 
@@ -104,6 +114,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         (the first processed_num samples of the epoch's order), and re-shards."""
         new_epoch = state_dict["epoch"] != self.epoch
         self.epoch = state_dict["epoch"]
+        self._unshared = []
         if state_dict.get("processed_indices") is not None:
             self.processed_indices = set(int(i) for i in state_dict["processed_indices"])
         else:

@@ -476,15 +476,33 @@ class SchedulerStateHandler(StateHandler):
 
 
 class SamplerStateHandler(StateHandler):
-    """ElasticSampler: sync merges every rank's processed indices (the union, over the
-    ranks in the sync root's epoch), so progress made by any rank survives a reset."""
+    """ElasticSampler: every commit of an elastic job shares the indices each rank
+    recorded since the last one (one allgather of the new ones), so every rank commits
+    the progress of all, and a rank that leaves without a sync (a removed host, an
+    evicted straggler) takes none of the epoch with it: the survivors re-shard exactly
+    what nobody trained on. sync merges every rank's processed indices too (the union,
+    over the ranks in the sync root's epoch), for indices recorded after the last
+    commit. (Horovod shares them at sync only, which a host removal skips: the
+    survivors then train again on what the removed rank and each other had trained on
+    since the last sync.)"""
 
     def __init__(self, sampler: ElasticSampler):
         super().__init__(sampler)
         self._saved_sampler_state = copy.deepcopy(sampler.state_dict())
 
     def save(self) -> None:
+        self._share_progress()
         self._saved_sampler_state = copy.deepcopy(self.value.state_dict())
+
+    def _share_progress(self) -> None:
+        new = self.value.take_unshared()
+        # Only an elastic job's commits are collective (elsewhere they are local).
+        if not (worker.is_elastic() and basics.is_initialized() and basics.size() > 1):
+            return
+        rows = torch.tensor([[self.value.epoch, i] for i in new], dtype=torch.int64)
+        every = allgather(rows.reshape(-1, 2), name="elastic.sampler_progress")
+        others = every[every[:, 0] == self.value.epoch][:, 1].tolist()
+        self.value.processed_indices.update(int(i) for i in others)
 
     def restore(self) -> None:
         self.value.load_state_dict(copy.deepcopy(self._saved_sampler_state))
