@@ -10,7 +10,8 @@ rewrites the discovery file at that step, to add or remove hosts), WAIT_STEP/WAI
 tests.workers.edit_hosts_and_wait), LATE_INIT_S (a worker started after the
 kill waits that long before hvd.init(), as a slow start would), DIE_IN_INIT (the first
 worker started after the kill dies inside hvd.init()), SLOW_HOST/SLOW_S (the workers
-on that host, by its horovodrun name, sleep that long in every step: a straggler)."""
+on that host, by its horovodrun name, sleep that long in every step: a straggler),
+STEP_LOG (rank 0 prints `STEP step=N size=S at=T` every 10 steps, for bench/straggler_evict.py)."""
 import os
 import signal
 import time
@@ -104,6 +105,8 @@ def train(state):
         state.batch += 1
         state.step += 1
         report_recovery_once(resets, reported)
+        if os.environ.get("STEP_LOG") and hvd.rank() == 0 and state.step % 10 == 0:
+            print(f"STEP step={state.step} size={hvd.size()} at={time.time():.3f}", flush=True)
         time.sleep(float(os.environ.get("STEP_SLEEP", "0.02")))
         state.commit()
 
