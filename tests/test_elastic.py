@@ -258,7 +258,7 @@ def _oci_kill_and_add_host(tmp_path):
     cmd = [sys.executable, "-m", "horovod_torch.runner", "-np", "2", "--min-np", "1",
            "--max-np", "3", "--host-discovery-script", str(discover), sys.executable,
            os.path.join(ROOT, "examples", "elastic", "train.py"), "--data-dir", str(data),
-           "--epochs", "6", "--batch-size", "32"]
+           "--epochs", "10", "--batch-size", "32"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     lines = []
@@ -289,6 +289,7 @@ def _oci_kill_and_add_host(tmp_path):
     assert out.count("Test set: Average loss") == 1, out
     ckpts = sorted(p.name for p in (sync_dir / "artifacts" / "ckpts").iterdir())
     # Enough epochs that the new host's worker, which trains only once it has started
-    # (the survivor goes on meanwhile), joins before the end.
-    assert ckpts == [f"checkpoint-{e}.pth.tar" for e in range(2, 8)], ckpts
+    # (the survivor goes on meanwhile), joins before the end: with 6, the survivor alone
+    # finished 2.6 s after the kill on a quiet machine, as the new worker became ready.
+    assert set(ckpts) == {f"checkpoint-{e}.pth.tar" for e in range(2, 12)}, ckpts
     assert any(p.name.startswith("events.") for p in (sync_dir / "artifacts" / "logs").iterdir())
