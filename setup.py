@@ -5,6 +5,7 @@ detected; HOROVOD_WITH_<PART>=1 forces it on (a build error if it cannot be buil
 HOROVOD_WITHOUT_<PART>=1 forces it off.
 """
 import glob
+import importlib.util
 import os
 import shutil
 
@@ -13,6 +14,24 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CORE_DIRS = ["common", "wire", "rendezvous", "transport", "core", "python"]
+
+
+def _load_build_vars():
+    """horovod_torch/build_vars.py, loaded by path (the package is not installed yet)."""
+    spec = importlib.util.spec_from_file_location(
+        "_hvd_build_vars", os.path.join(ROOT, "horovod_torch", "build_vars.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Horovod's build variables (HOROVOD_GPU_OPERATIONS=NCCL, HOROVOD_NCCL_HOME, ...).
+_updates, _notes = _load_build_vars().translate(os.environ)
+os.environ.update(_updates)
+for _note in _notes:
+    print(f"horovod_torch: {_note}")
+# Why an optional part was left out, for `horovodrun --check-build` (_build_info.py).
+NOT_BUILT = {}
 
 
 def _sources(folder):
@@ -24,6 +43,7 @@ def _optional_part(name, folder, detect):
     force_on = os.environ.get(f"HOROVOD_WITH_{name}") == "1"
     force_off = os.environ.get(f"HOROVOD_WITHOUT_{name}") == "1"
     if force_off:
+        NOT_BUILT[name] = f"HOROVOD_WITHOUT_{name}=1 was set"
         return False
     have_sources = os.path.isdir(os.path.join(ROOT, "csrc", folder))
     reason = None
@@ -35,6 +55,7 @@ def _optional_part(name, folder, detect):
         raise SystemExit(f"HOROVOD_WITH_{name}=1 but {reason}")
     if reason:
         print(f"horovod_torch: building without {name}: {reason}")
+        NOT_BUILT[name] = reason
         return False
     return True
 
@@ -92,6 +113,7 @@ def _mpi_flags():
     wrapper = wrapper or shutil.which("mpicxx")
     if wrapper is None:
         return None
+    _mpi_flags.wrapper = wrapper
     import subprocess
 
     def run(*args):
@@ -109,8 +131,13 @@ def _mpi_flags():
     return inc, libdirs, libs
 
 
+_mpi_flags.wrapper = None
 MPI = _mpi_flags()
 WITH_MPI = _optional_part("MPI", "mpi", lambda: MPI is not None)
+if "MPI" in NOT_BUILT and MPI is None:
+    NOT_BUILT["MPI"] = ("no MPI compiler wrapper (mpicxx) was found on PATH or in MPI_HOME/bin"
+                        if _mpi_flags.wrapper is None else
+                        f"{_mpi_flags.wrapper} named no MPI library")
 
 sources = [s for d in CORE_DIRS for s in _sources(d)]
 include_dirs = [os.path.join(ROOT, "csrc")]
@@ -155,6 +182,8 @@ def _record_torch_version():
     with open(os.path.join(ROOT, "horovod_torch", "_build_info.py"), "w") as f:
         f.write('"""Written by setup.py when it builds the extension."""\n')
         f.write(f"TORCH_VERSION = {torch.__version__!r}\n")
+        f.write("# Optional parts left out, and why (horovodrun --check-build says it).\n")
+        f.write(f"NOT_BUILT = {NOT_BUILT!r}\n")
 
 
 # Our own code compiles without warnings; HOROVOD_TORCH_WERROR=1 (CI) makes one an
@@ -164,11 +193,16 @@ CXX_FLAGS = ["-O3", _cxx_std(), "-Wall", "-fvisibility=hidden"]
 if os.environ.get("HOROVOD_TORCH_WERROR") == "1":
     CXX_FLAGS.append("-Werror")
 
+# The torch release the extension is built against (the local label, +cu130, dropped:
+# "==2.14.1" matches any build of 2.14.1); unpinned when no extension is built.
+TORCH_REQUIREMENT = "torch"
+
 # HOROVOD_TORCH_SKIP_EXT=1: install the Python package and entry points only; the
 # Makefile then builds the extension in place, incrementally (python setup.py build_ext).
 ext_modules = []
 if os.environ.get("HOROVOD_TORCH_SKIP_EXT") != "1":
     _record_torch_version()
+    TORCH_REQUIREMENT = "torch==" + __import__("torch").__version__.split("+")[0]
     ext_modules = [
         CppExtension(
             "horovod_torch._C",
@@ -196,7 +230,9 @@ setup(
     python_requires=">=3.9",
     # numpy: tensors to bytes (broadcast_object, optimizer state); cloudpickle:
     # horovod.run's functions; packaging: version checks of horovod.common.util.
-    install_requires=["torch", "numpy", "cloudpickle", "packaging"],
+    # The extension loads only into the torch it was compiled against: pin that release
+    # (as torchvision does), so that `pip install -U torch` does not break it unseen.
+    install_requires=[TORCH_REQUIREMENT, "numpy", "cloudpickle", "packaging"],
     # Integrations with the cluster engines users run (docs/integrations.md).
     extras_require={"ray": ["ray>=2.6"], "spark": ["pyspark>=3.5"],
                     "lightning": ["lightning>=2.1"]},

@@ -1,7 +1,8 @@
 """Cost of the engine's observation on training throughput: the synthetic benchmark
 with one observer off and on, alternating, same machine, same run.
 
-    python bench/observe_overhead.py --what timeline --np 2 [--no-cuda] [--model resnet50] [--rounds 2]
+    python bench/observe_overhead.py --what timeline --np 2 [--no-cuda] [--model resnet50]
+        [--rounds 2]
     python bench/observe_overhead.py --what stragglers --np 3 --no-cuda --rounds 5
 
 --what timeline: the timeline (with cycle marks) against none; --what stragglers: the

@@ -37,8 +37,9 @@ def run(hosts, args, env, steps):
     if out.returncode != 0:
         sys.stdout.write(out.stdout[-3000:] + out.stderr[-3000:])
         raise SystemExit("job failed")
-    return [(int(s), int(n), float(t)) for s, n, t in
-            re.findall(r"STEP step=(\d+) size=(\d+) at=([\d.]+)", out.stdout)], out.stdout + out.stderr
+    points = [(int(s), int(n), float(t)) for s, n, t in
+              re.findall(r"STEP step=(\d+) size=(\d+) at=([\d.]+)", out.stdout)]
+    return points, out.stdout + out.stderr
 
 
 def rate(points):

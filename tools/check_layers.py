@@ -52,8 +52,8 @@ CPP_EXTERNAL: Dict[str, Set[str]] = {
 PY_LAYERS: List[Tuple[str, List[str]]] = [
     ("base", ["horovod_torch", "horovod_torch.exceptions", "horovod_torch.config",
               "horovod_torch.util", "horovod_torch.data", "horovod_torch.timeline",
-              "horovod_torch._build_info", "horovod_torch.elastic_keys", "horovod_torch.handle",
-              "horovod_torch.launch_env",
+              "horovod_torch._build_info", "horovod_torch.build_vars",
+              "horovod_torch.elastic_keys", "horovod_torch.handle", "horovod_torch.launch_env",
               "horovod_torch.elastic.worker"]),
     ("runner", ["horovod_torch.runner"]),
     ("engine", ["horovod_torch._ext", "horovod_torch._C", "horovod_torch.basics"]),

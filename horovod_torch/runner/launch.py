@@ -722,16 +722,41 @@ def check_build() -> int:
     else:
         nccl = f"built, {gpus} GPU(s) visible" if gpus else "built, no GPU visible"
     version = getattr(horovod_torch, "__version__", "unknown")
+    mpi = horovod_torch.mpi_built()
     print(f"horovod_torch v{version}:\n\n"
           "Available Frameworks:\n"
           "    [X] PyTorch\n\n"
           "Available Controllers:\n"
           "    [X] TCP (Gloo-compatible)\n"
-          f"    {box(horovod_torch.mpi_built())} MPI\n\n"
+          f"    {box(mpi)} MPI{'' if mpi else ' (' + why_not_built('MPI') + ')'}\n\n"
           "Available Tensor Operations:\n"
-          f"    {box(horovod_torch.nccl_built() and gpus > 0)} NCCL ({nccl})\n"
+          f"    {box(horovod_torch.nccl_built() and gpus > 0)} NCCL ({nccl}"
+          f"{'' if horovod_torch.nccl_built() else ': ' + why_not_built('NCCL')})\n"
           "    [X] TCP")
     return 0
+
+
+REBUILD = "pip install --no-build-isolation --force-reinstall --no-deps ."
+
+
+def why_not_built(part: str, not_built: Optional[Dict[str, str]] = None,
+                  wrapper: Optional[str] = None) -> str:
+    """Why the build left out `part` (as setup.py recorded it), and how to build it
+    when what it needs is here now. `not_built` and `wrapper` (the mpicxx found now)
+    default to this installation's and this machine's."""
+    if not_built is None:
+        try:
+            from horovod_torch import _build_info  # pylint: disable=import-outside-toplevel
+            not_built = getattr(_build_info, "NOT_BUILT", {})
+        except ImportError:
+            not_built = {}
+    why = "not built: " + not_built.get(part, "the build recorded no reason")
+    if part == "MPI":
+        wrapper = shutil.which("mpicxx") if wrapper is None else wrapper
+        if wrapper:
+            why += (f"; {wrapper} is here now: rebuild from the source tree with "
+                    f"HOROVOD_WITH_MPI=1 {REBUILD}")
+    return why
 
 
 def _start_store(secret: str, addr: str, port: int = 0) -> Any:
