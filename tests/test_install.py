@@ -98,3 +98,23 @@ def test_launcher_loads_neither_torch_nor_the_extension():
     assert out.returncode == 0, out.stderr
     assert "loaded: []" in out.stdout, out.stdout
     assert "then: ['horovod_torch._C', 'torch']" in out.stdout, out.stdout
+
+
+def test_upstream_horovod_installed_beside_us_is_named_at_import(tmp_path):
+    """Both distributions install a 'horovod' package; with upstream's metadata in the
+    environment, `import horovod` says the files are mixed. Without it, nothing."""
+    from tests.harness import ROOT
+    site = tmp_path / "site"
+    (site / "horovod-0.28.1.dist-info").mkdir(parents=True)
+    (site / "horovod-0.28.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: horovod\nVersion: 0.28.1\n")
+    code = "import horovod"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, str(site)]))
+    mixed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, timeout=60)
+    assert mixed.returncode == 0
+    assert "upstream Horovod 0.28.1 is installed in this environment" in mixed.stderr
+    env["PYTHONPATH"] = ROOT
+    clean = subprocess.run([sys.executable, "-W", "error", "-c", code], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert clean.returncode == 0 and clean.stderr == "", clean.stderr
