@@ -14,6 +14,33 @@ def rank_size_sum(scale):
     return hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), total * scale
 
 
+def straggler(slow_rank, delay_s, steps):
+    """A small training loop in which rank ``slow_rank`` sleeps ``delay_s`` per step;
+    returns this worker's hvd.straggler_report() after it (named rank, that rank's
+    host, samples)."""
+    import time
+
+    import torch
+
+    import horovod.torch as hvd
+    hvd.init()
+    torch.set_num_threads(1)
+    model, x, y = _model_and_data()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                   named_parameters=model.named_parameters())
+    for _ in range(steps):
+        if hvd.rank() == slow_rank:
+            time.sleep(delay_s)
+        opt.zero_grad()
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+    time.sleep(1.5)  # the coordinator sends its report about once a second
+    hvd.allreduce(torch.zeros(1), name="straggler.flush")
+    report = hvd.straggler_report()
+    named = report.straggler
+    return named, None if named is None else report.ranks[named].host, report.samples
+
+
 class Counter:
     """A stateful executable: each worker keeps its own count."""
 

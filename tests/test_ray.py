@@ -109,6 +109,13 @@ class TestStatic:
         assert ray.get(refs, timeout=30) == ["0", "1", "2"]
 
     @timeout(90)
+    def test_the_straggler_report_names_a_slow_worker(self, executor):
+        results = executor.run(ray_workers.straggler, args=[2, 0.04, 60])
+        # Every worker's report names rank 2, on its Ray node (this machine).
+        assert [r[0] for r in results] == [2, 2, 2], results
+        assert all(r[1] and r[2] >= 16 for r in results), results
+
+    @timeout(90)
     def test_static_training_matches_single_process_sgd(self, executor):
         results = executor.run(ray_workers.train, kwargs=dict(steps=20, elastic=False))
         for r in results:
