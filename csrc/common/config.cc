@@ -74,7 +74,7 @@ const Range kRanges[] = {
     {"HOROVOD_SHM_THREADS", 1, kInf, false, true, ">= 1, or -1 (automatic)"},
     {"HOROVOD_STALL_CHECK_TIME_SECONDS", 0, kInf, false, false, ">= 0"},
     {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0, kInf, false, false, ">= 0 (0: never)"},
-    {"HOROVOD_STRAGGLER_WINDOW", 8, 1 << 20, false, false, "between 8 and 1048576"},
+    {"HOROVOD_STRAGGLER_WINDOW", 8, 4096, false, false, "between 8 and 4096"},
     {"HOROVOD_STRAGGLER_LAG", 0, kInf, false, false, ">= 0"},
     {"HOROVOD_STRAGGLER_MIN_LAG_MS", 0, kInf, false, false, ">= 0"},
     {"HOROVOD_STRAGGLER_SHARE", 0, 1, false, false, "between 0 and 1"},

@@ -174,6 +174,7 @@ Status Controller::FastCycle(std::vector<Response>* responses, bool* done) {
   }
   if (!*done) return Status::Ok();
   if (coordinator) {
+    const bool per_rank = !lists.empty();  // before the timeline fills in a stand-in
     if (timeline_ != nullptr && timeline_->active()) {
       if (lists.empty()) {
         RequestList everyone;
@@ -183,7 +184,11 @@ Status Controller::FastCycle(std::vector<Response>* responses, bool* done) {
       TraceCachedBits(lists, out);
     }
     if (straggler_) {
-      if (!lists.empty()) ObserveStragglers(lists, out);
+      if (per_rank) {
+        ObserveStragglers(lists, out);
+      } else {  // many ranks: no per-rank bits, but what completed is known
+        straggler_->ObserveDone(out.ready_bits, out.invalid_bits, std::chrono::steady_clock::now());
+      }
       StragglerCycle(nullptr);
     }
     CoordinateFast(any, out);
@@ -216,6 +221,9 @@ void Controller::AutotuneStep(const ResponseList& out) {
 ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool* ok,
                                     std::string* error) {
   const int size = static_cast<int>(lists.size());
+  // One time for the whole cycle: requests that arrived with it arrived together (a
+  // time read per request would make later ranks look later, to the straggler monitor).
+  const auto now = std::chrono::steady_clock::now();
   ResponseList out;
   out.ready_bits.assign(cache_.num_words(), ~0ull);
   out.invalid_bits.assign(cache_.num_words(), 0);
@@ -254,10 +262,10 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
       }
       if (!p.by_rank[req.rank].name.empty()) continue;  // duplicate: checked at submission
       p.by_rank[req.rank] = req;
-      if (p.count == 0) p.since = std::chrono::steady_clock::now();
+      if (p.count == 0) p.since = now;
       if (straggler_) {
         p.arrived.resize(size);
-        p.arrived[req.rank] = std::chrono::steady_clock::now();
+        p.arrived[req.rank] = now;
       }
       if (timeline_ != nullptr) {
         if (p.count == 0) timeline_->NegotiateStart(req.name, OpTypeName(req.type));

@@ -78,6 +78,19 @@ void StragglerMonitor::ObserveBits(const std::vector<const std::vector<uint64_t>
   }
 }
 
+void StragglerMonitor::ObserveDone(const std::vector<uint64_t>& done,
+                                   const std::vector<uint64_t>& invalid, Clock::time_point now) {
+  const size_t words = std::min(done.size(), last_done_ns_.size() / 64);
+  const int64_t now_ns = Ns(now);
+  for (size_t w = 0; w < words; ++w) {
+    ForEachBit(done[w], w, [&](size_t pos) { NoteStep(now_ns, &last_done_ns_[pos]); });
+    const uint64_t gone = done[w] | (w < invalid.size() ? invalid[w] : 0);
+    for (int r = 0; r < size_; ++r) {
+      if (w < prev_bits_[r].size()) prev_bits_[r][w] &= ~gone;
+    }
+  }
+}
+
 void StragglerMonitor::ObserveNamed(const std::vector<Clock::time_point>& arrived) {
   if (static_cast<int>(arrived.size()) != size_) return;
   std::vector<int64_t> ns(size_);
@@ -89,7 +102,10 @@ void StragglerMonitor::AddOp(const int64_t* seen_ns, int64_t done_ns, int64_t* l
   const int64_t first = *std::min_element(seen_ns, seen_ns + size_);
   for (int r = 0; r < size_; ++r) cycle_ns_[r] = std::max(cycle_ns_[r], seen_ns[r] - first);
   cycle_has_ = true;
-  if (last_done_ns == nullptr) return;
+  if (last_done_ns != nullptr) NoteStep(done_ns, last_done_ns);
+}
+
+void StragglerMonitor::NoteStep(int64_t done_ns, int64_t* last_done_ns) {
   if (*last_done_ns != 0) {
     steps_[steps_head_] = static_cast<float>(static_cast<double>(done_ns - *last_done_ns) * 1e-9);
     steps_head_ = (steps_head_ + 1) % static_cast<int>(steps_.size());
@@ -133,7 +149,8 @@ void StragglerMonitor::Evaluate() {
   std::vector<const float*> rows;
   for (int i = 0; i < count_; ++i) {
     const float* row = &ring_[static_cast<size_t>(i) * size_];
-    if (*std::max_element(row, row + size_) >= options_.min_lag_s) rows.push_back(row);
+    const float top = *std::max_element(row, row + size_);
+    if (top > 0 && top >= options_.min_lag_s) rows.push_back(row);
   }
   rep.samples = static_cast<int32_t>(rows.size());
   std::vector<int> last(size_, 0);

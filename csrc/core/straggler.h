@@ -53,6 +53,11 @@ class StragglerMonitor {
   void ObserveBits(const std::vector<const std::vector<uint64_t>*>& bits,
                    const std::vector<uint64_t>& done, const std::vector<uint64_t>& invalid,
                    Clock::time_point now);
+  // A cycle without per-rank bits (over Controller::kPerRankBitsMaxRanks ranks, the
+  // steady state): forgets the positions that completed or were dropped, so that a
+  // repeat counts anew, and notes the step time; no sample.
+  void ObserveDone(const std::vector<uint64_t>& done, const std::vector<uint64_t>& invalid,
+                   Clock::time_point now);
   // A named op every rank submitted: when each rank's request arrived.
   void ObserveNamed(const std::vector<Clock::time_point>& arrived);
   // Ends a cycle. Every quarter of a second it re-evaluates the window; true when
@@ -66,6 +71,7 @@ class StragglerMonitor {
 
  private:
   void AddOp(const int64_t* seen_ns, int64_t done_ns, int64_t* last_done_ns);
+  void NoteStep(int64_t done_ns, int64_t* last_done_ns);
   void Evaluate();
 
   const int size_;

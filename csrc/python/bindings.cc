@@ -306,8 +306,11 @@ std::string PythonCaller() {
                  .cast<std::string>() +
              "/";
     };
-    static const std::string ours = dir_of("horovod_torch");
-    static const std::string torch_dir = dir_of("torch");
+    // Not function-local statics: their first initialisation would run Python (which
+    // may hand the GIL to another thread) under the static's guard, a deadlock if that
+    // thread reaches the same guard. Both modules are loaded: a dictionary lookup each.
+    const std::string ours = dir_of("horovod_torch");
+    const std::string torch_dir = dir_of("torch");
     py::object frame = py::module_::import("sys").attr("_getframe")(0);
     for (; !frame.is_none(); frame = frame.attr("f_back")) {
       py::object code = frame.attr("f_code");

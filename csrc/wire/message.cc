@@ -241,6 +241,9 @@ Status Decode(const std::string& bytes, ResponseList* list) {
       r.last_share = rd.F64();
       s.ranks.push_back(std::move(r));
     }
+    if (s.straggler < -1 || s.straggler >= static_cast<int32_t>(s.ranks.size())) {
+      return Status::Aborted("corrupt straggler report from a peer");
+    }
   }
   return Finish(rd, "response list");
 }

@@ -14,6 +14,7 @@ Horovod's classes and names: ``State`` (with its host-update bookkeeping:
 ``get_handler_registry`` / ``set_handler_registry``."""
 import copy
 import queue
+import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
 import torch
@@ -191,7 +192,12 @@ class State:
         and no collective is run."""
         elastic = worker.is_elastic() and basics.is_initialized()
         if elastic and basics.rank() == 0 and hasattr(self._host_messages, "poll"):
-            worker.watch_straggler(basics.straggler_report())
+            try:
+                worker.watch_straggler(basics.straggler_report())
+            except Exception as exc:  # pylint: disable=broad-except
+                # Never before the verdict's broadcast, which the others wait in.
+                print(f"horovod_torch: straggler eviction check failed: {exc!r}",
+                      file=sys.stderr, flush=True)
             self._host_messages.poll()
         prev = last = self._last_updated_timestamp
         update = HostUpdateResult.no_update

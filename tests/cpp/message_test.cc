@@ -209,6 +209,15 @@ TEST(Message, ResponseListRoundTrip) {
   EXPECT_EQ(Encode(out), bytes);
 }
 
+TEST(Message, AStragglerReportNamingNoRankOfItsOwnFails) {
+  ResponseList in = SampleResponseList();
+  in.stragglers.straggler = 7;  // two ranks listed
+  ResponseList out;
+  EXPECT_FALSE(Decode(Encode(in), &out).ok());
+  in.stragglers.straggler = -1;
+  EXPECT_TRUE(Decode(Encode(in), &out).ok());
+}
+
 TEST(Message, EveryEnumValueRoundTrips) {
   for (int t = 0; t <= static_cast<int>(OpType::kBarrier); ++t) {
     for (int d = 0; d <= static_cast<int>(DataType::kBool); ++d) {

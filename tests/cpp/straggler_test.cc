@@ -147,3 +147,38 @@ TEST(Straggler, AJoinedRanksOpGivesNoSample) {
 
 }  // namespace
 }  // namespace hvd
+
+namespace hvd {
+namespace {
+
+// Over 64 ranks the steady state has no per-rank bits: completions seen there are
+// forgotten, so a position set again at the next full cycle counts from then, not from
+// its previous step (which made every rank look a step late).
+TEST(Straggler, CompletionsWithoutPerRankBitsAreForgotten) {
+  StragglerMonitor mon(2, StragglerOptions{});
+  const Clock::time_point t0 = Clock::now();
+  std::vector<uint64_t> set(1, 1), none(1, 0);
+  mon.ObserveBits({&set, &none}, none, none, t0);    // rank 0 has position 0 pending
+  mon.ObserveDone(set, none, t0 + milliseconds(1));  // ... it completes unobserved
+  // A full cycle a second later: both have it again, set in this very cycle.
+  mon.ObserveBits({&set, &set}, set, none, t0 + milliseconds(1000));
+  mon.EndCycle(t0 + milliseconds(1000));
+  ASSERT_EQ(mon.cycle_sample().size(), 2u);
+  EXPECT_EQ(mon.cycle_sample()[0], 0);
+  EXPECT_EQ(mon.cycle_sample()[1], 0);  // not 1 s late
+}
+
+// With HOROVOD_STRAGGLER_MIN_LAG_MS=0 and LAG=0, cycles in which every rank arrived
+// together are no samples, so nobody is named in a balanced job.
+TEST(Straggler, ZeroMinimumLagNamesNobodyInABalancedJob) {
+  StragglerOptions o;
+  o.min_lag_s = 0;
+  o.lag_fraction = 0;
+  Driver d(3, o);
+  for (int s = 0; s < 40; ++s) d.Step(10, [](int) { return 0; });
+  EXPECT_EQ(d.mon().report().straggler, -1);
+  EXPECT_EQ(d.mon().report().samples, 0);
+}
+
+}  // namespace
+}  // namespace hvd
