@@ -73,8 +73,7 @@ void StragglerMonitor::ObserveBits(const std::vector<const std::vector<uint64_t>
       for (int r = 0; r < size_; ++r) everyone = everyone && (prev_bits_[r][w] >> (pos % 64)) & 1;
       if (everyone) AddOp(&seen_ns_[pos * size_], now_ns, &last_done_ns_[pos]);
     });
-    const uint64_t gone = done[w] | (w < invalid.size() ? invalid[w] : 0);
-    for (int r = 0; r < size_; ++r) prev_bits_[r][w] &= ~gone;
+    Forget(done, invalid, w);
   }
 }
 
@@ -84,10 +83,15 @@ void StragglerMonitor::ObserveDone(const std::vector<uint64_t>& done,
   const int64_t now_ns = Ns(now);
   for (size_t w = 0; w < words; ++w) {
     ForEachBit(done[w], w, [&](size_t pos) { NoteStep(now_ns, &last_done_ns_[pos]); });
-    const uint64_t gone = done[w] | (w < invalid.size() ? invalid[w] : 0);
-    for (int r = 0; r < size_; ++r) {
-      if (w < prev_bits_[r].size()) prev_bits_[r][w] &= ~gone;
-    }
+    Forget(done, invalid, w);
+  }
+}
+
+void StragglerMonitor::Forget(const std::vector<uint64_t>& done,
+                              const std::vector<uint64_t>& invalid, size_t w) {
+  const uint64_t gone = done[w] | (w < invalid.size() ? invalid[w] : 0);
+  for (int r = 0; r < size_; ++r) {
+    if (w < prev_bits_[r].size()) prev_bits_[r][w] &= ~gone;
   }
 }
 

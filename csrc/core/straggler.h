@@ -72,6 +72,9 @@ class StragglerMonitor {
  private:
   void AddOp(const int64_t* seen_ns, int64_t done_ns, int64_t* last_done_ns);
   void NoteStep(int64_t done_ns, int64_t* last_done_ns);
+  // Word `w` of the positions that completed or were dropped: no rank has them pending
+  // any more, so a repeat next cycle counts anew.
+  void Forget(const std::vector<uint64_t>& done, const std::vector<uint64_t>& invalid, size_t w);
   void Evaluate();
 
   const int size_;
