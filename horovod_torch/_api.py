@@ -29,5 +29,6 @@ from horovod_torch.ops import (ProcessSet, allgather, allgather_async, allreduce
                                add_process_set, remove_process_set)
 
 from horovod_torch import elastic  # noqa: E402  (after the names it uses)
+from horovod_torch import torch_distributed  # noqa: E402,F401  (registers the "hvd" backend)
 
 __all__ = [n for n in dir() if not n.startswith("_") and n != "torch"]

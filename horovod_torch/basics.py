@@ -255,7 +255,7 @@ def init(comm=None, process_sets=None) -> None:
     Without a launcher the process runs as a world of one. Calling init() again
     after shutdown() starts a fresh engine.
     """
-    global _atexit_registered, _dynamic_process_sets
+    global _dynamic_process_sets
     env = launch_env.refresh()
     use_mpi = _use_mpi(env, comm)
     if process_sets == "dynamic":  # Horovod's spelling for HOROVOD_DYNAMIC_PROCESS_SETS=1
@@ -281,19 +281,8 @@ def init(comm=None, process_sets=None) -> None:
             prefix = f"{base}/init{_init_counts.get(base, 0)}"
             _init_counts[base] = _init_counts.get(base, 0) + 1
         if not use_mpi:
-            code, message = _C.init(world["rank"], world["size"], world["local_rank"],
-                                    world["local_size"], world["cross_rank"],
-                                    world["cross_size"], world["store_host"],
-                                    world["store_port"], world["secret"], prefix)
-        if not _atexit_registered:
-            atexit.register(shutdown)
-            _atexit_registered = True
-        if code == _OK:
-            # Unnamed ops are matched by submission order: every rank, including one
-            # that joined an elastic job late, counts from zero after init().
-            from horovod_torch import ops
-            ops.reset_auto_names()
-            ops._reset_process_sets()
+            code, message = _start(world, prefix)
+        _started(code)
     raise_for_status(code, message)
     if use_mpi and comm is None and env.mpirun_size is not None:
         expected, actual = env.mpirun_size, size()
@@ -307,6 +296,40 @@ def init(comm=None, process_sets=None) -> None:
         from horovod_torch import ops
         for ps in process_sets:  # every rank registers the same sets in the same order
             ops._register(ps, static=True)
+
+
+def _start(world: dict, prefix: str) -> Tuple[int, str]:
+    return _C.init(world["rank"], world["size"], world["local_rank"], world["local_size"],
+                   world["cross_rank"], world["cross_size"], world["store_host"],
+                   world["store_port"], world["secret"], prefix)
+
+
+def _started(code: int) -> None:
+    """What follows every _C.init (with _lock held)."""
+    global _atexit_registered
+    if not _atexit_registered:
+        atexit.register(shutdown)
+        _atexit_registered = True
+    if code == _OK:
+        # Unnamed ops are matched by submission order: every rank, including one
+        # that joined an elastic job late, counts from zero after init().
+        from horovod_torch import ops
+        ops.reset_auto_names()
+        ops._reset_process_sets()
+
+
+def init_world(world: dict, prefix: str) -> bool:
+    """init() for a world that the caller found (the torch.distributed backend's
+    bootstrap, horovod_torch/torch_distributed.py): the keys of
+    launch_env.Placement.world() plus store_host, store_port and secret. False, doing
+    nothing, when an engine is already running."""
+    with _lock:
+        if _C.running():
+            return False
+        code, message = _start(world, prefix)
+        _started(code)
+    raise_for_status(code, message)
+    return True
 
 
 def dynamic_process_sets() -> bool:

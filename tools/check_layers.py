@@ -62,7 +62,8 @@ PY_LAYERS: List[Tuple[str, List[str]]] = [
     ("features", ["horovod_torch.optimizer", "horovod_torch.sharded", "horovod_torch.functions",
                   "horovod_torch.sync_batch_norm", "horovod_torch.mpi_ops",
                   "horovod_torch.elastic"]),
-    ("integrations", ["horovod_torch.ray", "horovod_torch.spark", "horovod_torch.lightning"]),
+    ("integrations", ["horovod_torch.ray", "horovod_torch.spark", "horovod_torch.lightning",
+                      "horovod_torch.torch_distributed"]),
     ("api", ["horovod_torch._api"]),
 ]
 PY_USES: Dict[str, Set[str]] = {"runner": {"base"}}

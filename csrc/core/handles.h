@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -33,6 +34,11 @@ class GpuEvent {
   // skipped with wait=false, when the stream already waits for this event), and
   // tells the allocator that `result` is used on that stream.
   virtual void BlockCurrentStream(const at::Tensor& result, bool wait) = 0;
+  // Runs fn on this thread with a CUDA stream of the event's device current that
+  // waits for the event (a stream from torch's pool, never the caller's): what fn
+  // enqueues runs after the op, and a CUDA future completed in fn records its events
+  // there, so that its consumers wait for the op without the host waiting for it.
+  virtual void RunAfter(const std::function<void()>& fn) = 0;
 };
 
 // The names of ops whose handles are still held. A name is taken from its op's
@@ -84,6 +90,7 @@ class HandleState {
   HandleState& operator=(const HandleState&) = delete;
   void Complete(Status status, at::Tensor output = {}, at::Tensor splits = {},
                 std::shared_ptr<GpuEvent> event = nullptr) {
+    std::vector<std::function<void()>> callbacks;
     {
       MutexLock lock(mu_);
       if (done_) return;
@@ -93,8 +100,23 @@ class HandleState {
       event_ = std::move(event);
       done_ = true;
       done_flag_.store(true, std::memory_order_release);
+      callbacks.swap(callbacks_);
     }
     cv_.NotifyAll();
+    for (auto& fn : callbacks) fn();
+  }
+  // Runs fn once the op is complete: at once, on this thread, if it already is; else
+  // on the thread that completes it (the background thread) right after, so fn must
+  // be short and must not wait for other ops.
+  void OnComplete(std::function<void()> fn) {
+    {
+      MutexLock lock(mu_);
+      if (!done_) {
+        callbacks_.push_back(std::move(fn));
+        return;
+      }
+    }
+    fn();
   }
   // The op's name ("" for a handle made without one).
   const std::string& name() const { return name_; }
@@ -143,6 +165,7 @@ class HandleState {
   at::Tensor output_;
   at::Tensor splits_;
   std::shared_ptr<GpuEvent> event_;
+  std::vector<std::function<void()>> callbacks_ HVD_GUARDED_BY(mu_);  // OnComplete()
   const std::shared_ptr<Waiters> waiters_;         // may be null
   const std::shared_ptr<NameReservations> names_;  // may be null
   const std::string name_;

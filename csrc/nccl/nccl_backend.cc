@@ -3,6 +3,7 @@
 #include <c10/core/GradMode.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -99,6 +100,15 @@ class NcclEvent : public GpuEvent {
     if (result.defined() && result.is_cuda()) {
       c10::cuda::CUDACachingAllocator::recordStream(result.storage().data_ptr(), stream);
     }
+  }
+  void RunAfter(const std::function<void()>& fn) override {
+    const auto device = static_cast<c10::DeviceIndex>(device_);
+    c10::cuda::CUDAGuard guard(device);
+    auto stream = c10::cuda::getStreamFromPool(false, device);
+    const std::string error = Block(stream);
+    if (!error.empty()) throw std::runtime_error(error);
+    c10::cuda::CUDAStreamGuard current(stream);
+    fn();
   }
 
  private:

@@ -18,6 +18,7 @@
 #include "common/thread_annotations.h"
 #include "core/gpu_backend.h"
 #include "core/runtime.h"
+#include "python/c10d_backend.h"
 #include "python/grad_hooks.h"
 #include "python/module_state.h"
 #include "python/pass_counter.h"
@@ -201,19 +202,6 @@ py::object World() {
   if (!G().runtime) return py::none();
   const WorldInfo& w = G().runtime->world();
   return py::make_tuple(w.rank, w.size, w.local_rank, w.local_size, w.cross_rank, w.cross_size);
-}
-
-// A group's id: a hash of its members' names, so that it is the same on every rank
-// whatever order the ranks submit their groups in (0 means "not grouped"). Names in
-// flight are unique, so two pending groups never share an id but by a 64-bit collision.
-int64_t GroupId(const std::vector<std::string>& names) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a, each name followed by a 0xff
-  for (const auto& name : names) {
-    for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
-    h = (h ^ 0xffu) * 1099511628211ull;
-  }
-  const auto id = static_cast<int64_t>(h >> 1);
-  return id == 0 ? 1 : id;
 }
 
 // Submits one op per input; a group (grouped=true) is atomic and negotiated together.
@@ -478,11 +466,24 @@ Status SubmitToRuntime(std::vector<Submission> subs,
 
 HandleTable& Handles() { return G().handles; }
 
+// Names in flight are unique, so two pending groups never share an id but by a 64-bit
+// collision.
+int64_t GroupId(const std::vector<std::string>& names) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a, each name followed by a 0xff
+  for (const auto& name : names) {
+    for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+    h = (h ^ 0xffu) * 1099511628211ull;
+  }
+  const auto id = static_cast<int64_t>(h >> 1);
+  return id == 0 ? 1 : id;
+}
+
 }  // namespace hvd
 
 PYBIND11_MODULE(_C, m) {
   using namespace hvd;
   m.doc() = "horovod_torch C++ core";
+  BindC10dBackend(m);
   m.def("init", &Init);
   m.def("shutdown", &Shutdown);
   m.def("world", &World);

@@ -1,10 +1,12 @@
 // What the module's global state (bindings.cc) offers the rest of csrc/python: the
 // one way to hand ops to the process's runtime, and the handle table that outlives
-// it. grad_hooks.cc submits through these.
+// it. grad_hooks.cc and c10d_backend.cc submit through these.
 #ifndef HOROVOD_TORCH_PYTHON_MODULE_STATE_H_
 #define HOROVOD_TORCH_PYTHON_MODULE_STATE_H_
 
+#include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common/status.h"
@@ -20,6 +22,10 @@ Status SubmitToRuntime(std::vector<Submission> subs,
 
 // The process's handle table (integer handles given to Python).
 HandleTable& Handles();
+
+// A group's id: a hash of its members' names, so that it is the same on every rank
+// whatever order the ranks submit their groups in (0 means "not grouped").
+int64_t GroupId(const std::vector<std::string>& names);
 
 }  // namespace hvd
 

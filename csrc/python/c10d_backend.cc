@@ -1,0 +1,605 @@
+// The torch.distributed backend "hvd" (docs/torch_distributed.md). Every call of
+// torch.distributed becomes one op, or one atomic group of ops, of the runtime that
+// hvd.init() (or horovod_torch/torch_distributed.py) created: the same negotiation,
+// fusion, transports, NCCL, timeline and stall report as hvd.* calls, with which it
+// may be mixed.
+//
+// Naming: the runtime matches ops across ranks by name. A c10d call has none; every
+// rank issues the group's calls in the same order, so the n-th call is named by its
+// kind and n (NameFor()).
+//
+// Completion: the background thread completes an op's handles; the last one hands
+// the call's state to one completion thread, which copies results into the caller's
+// tensors where the runtime allocated them (allgather, reduce-scatter, alltoall),
+// then completes the Work's future (for CUDA tensors on a pool stream that waits for
+// the op, so that consumers' streams wait for it and the host does not). User
+// callbacks chained on the future (DDP comm hooks) run there, never on the engine's
+// thread.
+#include "python/c10d_backend.h"
+
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <atomic>
+#include <deque>
+#include <thread>
+
+#include "common/thread_annotations.h"
+#include "python/module_state.h"
+
+namespace hvd {
+namespace {
+
+std::exception_ptr DistError(const std::string& message) {
+  try {
+    C10_THROW_ERROR(DistBackendError, message);
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+[[noreturn]] void Fail(const std::string& message) {
+  C10_THROW_ERROR(DistBackendError, "hvd backend: " + message);
+}
+
+// Whether a call has completed, and its error.
+class Completion {
+ public:
+  bool WaitFor(std::chrono::milliseconds timeout) {
+    MutexLock lock(mu_);
+    return cv_.WaitFor(mu_, timeout, [this]() HVD_REQUIRES(mu_) { return done_; });
+  }
+  bool Done() {
+    MutexLock lock(mu_);
+    return done_;
+  }
+  std::exception_ptr Error() {
+    MutexLock lock(mu_);
+    return error_;
+  }
+  void MarkDone(std::exception_ptr e) {
+    {
+      MutexLock lock(mu_);
+      error_ = std::move(e);
+      done_ = true;
+    }
+    cv_.NotifyAll();
+  }
+
+ private:
+  Mutex mu_;
+  CondVar cv_;
+  bool done_ HVD_GUARDED_BY(mu_) = false;
+  std::exception_ptr error_ HVD_GUARDED_BY(mu_);
+};
+
+// One torch.distributed call in flight.
+struct CallState {
+  std::string what;                                   // "allreduce", for messages
+  std::vector<std::shared_ptr<HandleState>> handles;  // its ops (dropped once complete)
+  std::vector<at::Tensor> outputs;                    // the future's value
+  // Copies the ops' results into `outputs` (null: they were written in place).
+  std::function<void(const std::vector<std::shared_ptr<HandleState>>&)> finish;
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  std::atomic<int> remaining{0};  // handles not yet complete
+  const std::shared_ptr<Completion> completion = std::make_shared<Completion>();
+};
+
+// Runs finish() and completes the future of one call whose ops have all completed.
+void Complete(CallState& c) {
+  std::string message;
+  for (const auto& h : c.handles) {
+    if (!h->status().ok()) {
+      message = h->status().message();
+      break;
+    }
+  }
+  if (message.empty()) {
+    try {
+      auto finish = [&c] {
+        if (c.finish) c.finish(c.handles);
+        c.future->markCompleted(c10::IValue(c.outputs));
+      };
+      GpuEvent* first = nullptr;
+      for (const auto& h : c.handles) {
+        if (h->event()) {
+          first = h->event().get();
+          break;
+        }
+      }
+      if (first == nullptr) {
+        finish();
+      } else {
+        first->RunAfter([&] {
+          // The runtime's outputs are read on this stream; later ops' events waited for.
+          for (const auto& h : c.handles) {
+            if (h->event()) h->event()->BlockCurrentStream(h->output(), h->event().get() != first);
+          }
+          finish();
+        });
+      }
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+  }
+  std::exception_ptr error;
+  if (!message.empty()) {
+    error = DistError("hvd backend: " + c.what + " failed: " + message);
+    if (!c.future->completed()) c.future->setError(error);
+  }
+  c.handles.clear();  // the runtime's outputs, copied where they belong
+  c.finish = nullptr;
+  c.completion->MarkDone(error);
+}
+
+// The one thread that completes calls (Complete()); never destroyed, as threads may
+// outlive the module's teardown.
+class Completer {
+ public:
+  static Completer& Get() {
+    static Completer* c = new Completer();
+    return *c;
+  }
+  void Push(std::shared_ptr<CallState> c) {
+    {
+      MutexLock lock(mu_);
+      queue_.push_back(std::move(c));
+    }
+    cv_.NotifyOne();
+  }
+
+ private:
+  Completer() { std::thread([this] { Run(); }).detach(); }
+  void Run() {
+    for (;;) {
+      std::shared_ptr<CallState> c;
+      {
+        MutexLock lock(mu_);
+        cv_.Wait(mu_, [this]() HVD_REQUIRES(mu_) { return !queue_.empty(); });
+        c = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      Complete(*c);
+    }
+  }
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::shared_ptr<CallState>> queue_ HVD_GUARDED_BY(mu_);
+};
+
+class HvdWork : public c10d::Work {
+ public:
+  HvdWork(std::shared_ptr<CallState> call, c10d::OpType type, std::chrono::milliseconds timeout)
+      : c10d::Work(-1, type), call_(std::move(call)), timeout_(timeout) {}
+  bool isCompleted() override { return call_->completion->Done(); }
+  bool isSuccess() const override {
+    return call_->completion->Done() && !call_->completion->Error();
+  }
+  std::exception_ptr exception() const override { return call_->completion->Error(); }
+  std::vector<at::Tensor> result() override { return call_->outputs; }
+  // Blocks until the ops ran (raising their error); for CUDA tensors the caller's
+  // current streams then wait for them on the GPU.
+  bool wait(std::chrono::milliseconds timeout) override {
+    const auto limit = timeout.count() == 0 ? timeout_ : timeout;
+    if (!call_->completion->WaitFor(limit)) {
+      Fail(call_->what + " did not complete within " + std::to_string(limit.count()) +
+           " ms (a rank has not called it, or is stuck before it)");
+    }
+    if (auto e = call_->completion->Error()) std::rethrow_exception(e);
+    call_->future->wait();
+    return true;
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return call_->future; }
+
+ private:
+  std::shared_ptr<CallState> call_;
+  std::chrono::milliseconds timeout_;
+};
+
+using Finish = std::function<void(const std::vector<std::shared_ptr<HandleState>>&)>;
+
+ReduceOp OurOp(const c10d::ReduceOp& op, const char* what) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM:
+      return ReduceOp::kSum;
+    case c10d::ReduceOp::AVG:
+      return ReduceOp::kAverage;
+    case c10d::ReduceOp::MIN:
+      return ReduceOp::kMin;
+    case c10d::ReduceOp::MAX:
+      return ReduceOp::kMax;
+    case c10d::ReduceOp::PRODUCT:
+      return ReduceOp::kProduct;
+    default:
+      Fail(std::string(what) +
+           ": only ReduceOp SUM, AVG, MIN, MAX and PRODUCT are supported (not BAND, BOR, "
+           "BXOR or PREMUL_SUM)");
+  }
+}
+
+void CheckDense(const at::Tensor& t, const char* what) {
+  if (!t.defined()) Fail(std::string(what) + ": a tensor is undefined");
+  if (t.layout() != at::kStrided) Fail(std::string(what) + ": only dense tensors are supported");
+  if (!t.is_contiguous()) Fail(std::string(what) + ": tensors must be contiguous");
+}
+
+// `t` as one row: [1, numel].
+at::Tensor Row(const at::Tensor& t) { return t.reshape({1, t.numel()}); }
+
+class HvdBackend : public c10d::Backend {
+ public:
+  HvdBackend(int rank, int size, std::chrono::milliseconds timeout)
+      : c10d::Backend(rank, size), timeout_(timeout) {}
+  const std::string getBackendName() const override { return "hvd"; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override {
+    std::vector<Submission> subs;
+    for (auto& t : tensors) {
+      CheckDense(t, "broadcast");
+      Submission s = Sub(OpType::kBroadcast, t);
+      s.request.root = static_cast<int32_t>(opts.rootRank);
+      s.output = t;
+      subs.push_back(std::move(s));
+    }
+    return Run(c10d::OpType::BROADCAST, "broadcast", std::move(subs), tensors, nullptr);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override {
+    return Allreduce(c10d::OpType::ALLREDUCE, "allreduce", tensors, opts.reduceOp);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override {
+    return Allreduce(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors,
+                     opts.reduceOp);
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override {
+    // An allreduce whose result only the root keeps.
+    std::vector<Submission> subs;
+    for (auto& t : tensors) {
+      CheckDense(t, "reduce");
+      Submission s = Sub(OpType::kAllreduce, t);
+      s.request.op = OurOp(opts.reduceOp, "reduce");
+      s.output = opts.rootRank == getRank() ? t : at::empty_like(t);
+      subs.push_back(std::move(s));
+    }
+    return Run(c10d::OpType::REDUCE, "reduce", std::move(subs), tensors, nullptr);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions&) override {
+    if (inputs.size() != 1 || outputs.size() != 1 ||
+        outputs[0].size() != static_cast<size_t>(getSize())) {
+      Fail("allgather takes one input and a list of one output per rank");
+    }
+    CheckDense(inputs[0], "allgather");
+    std::vector<at::Tensor> outs = outputs[0];
+    return Run(c10d::OpType::ALLGATHER, "allgather",
+               {Sub(OpType::kAllgather, Row(inputs[0]))}, outs, [outs](const auto& h) {
+                 const at::Tensor& got = h[0]->output();
+                 for (size_t r = 0; r < outs.size(); ++r) {
+                   outs[r].copy_(got[static_cast<int64_t>(r)].view(outs[r].sizes()));
+                 }
+               });
+  }
+
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions&) override {
+    std::vector<at::Tensor> outs{output}, ins{input};
+    return AllgatherInto(c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", outs, ins);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions&) override {
+    return AllgatherInto(c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED,
+                         "allgather_into_tensor_coalesced", outputs, inputs);
+  }
+
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override {
+    const bool root = opts.rootRank == getRank();
+    if (inputs.size() != 1 ||
+        (root ? outputs.size() != 1 || outputs[0].size() != static_cast<size_t>(getSize())
+              : !outputs.empty() && !outputs[0].empty())) {
+      Fail("gather takes one input, and on the root a list of one output per rank");
+    }
+    CheckDense(inputs[0], "gather");
+    std::vector<at::Tensor> outs = root ? outputs[0] : std::vector<at::Tensor>{};
+    return Run(c10d::OpType::GATHER, "gather", {Sub(OpType::kAllgather, Row(inputs[0]))}, outs,
+               [outs](const auto& h) {
+                 const at::Tensor& got = h[0]->output();
+                 for (size_t r = 0; r < outs.size(); ++r) {
+                   outs[r].copy_(got[static_cast<int64_t>(r)].view(outs[r].sizes()));
+                 }
+               });
+  }
+
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override {
+    // An alltoall in which only the root sends: rank r gets the root's r-th tensor.
+    const bool root = opts.rootRank == getRank();
+    if (outputs.size() != 1 ||
+        (root ? inputs.size() != 1 || inputs[0].size() != static_cast<size_t>(getSize())
+              : !inputs.empty() && !inputs[0].empty())) {
+      Fail("scatter takes one output, and on the root a list of one input per rank");
+    }
+    at::Tensor out = outputs[0];
+    CheckDense(out, "scatter");
+    std::vector<int64_t> splits(static_cast<size_t>(getSize()), 0);
+    at::Tensor send;
+    if (root) {
+      std::vector<at::Tensor> flat;
+      for (size_t r = 0; r < inputs[0].size(); ++r) {
+        flat.push_back(inputs[0][r].reshape({-1}));
+        splits[r] = flat.back().numel();
+      }
+      send = at::cat(flat);
+    } else {
+      send = at::empty({0}, out.options());
+    }
+    Submission s = Sub(OpType::kAlltoall, send);
+    s.request.splits = splits;
+    return Run(c10d::OpType::SCATTER, "scatter", {std::move(s)}, outputs,
+               [out](const auto& h) mutable { out.view({-1}).copy_(h[0]->output()); });
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override {
+    if (outputs.size() != 1 || inputs.size() != 1 ||
+        inputs[0].size() != static_cast<size_t>(getSize())) {
+      Fail("reduce_scatter takes one output and a list of one input per rank");
+    }
+    CheckDense(outputs[0], "reduce_scatter");
+    std::vector<at::Tensor> flat;
+    for (auto& t : inputs[0]) {
+      if (t.numel() != outputs[0].numel()) {
+        Fail("reduce_scatter: every input must have as many elements as the output");
+      }
+      flat.push_back(t.reshape({-1}));
+    }
+    at::Tensor out = outputs[0];
+    Submission s = Sub(OpType::kReducescatter, at::cat(flat));
+    s.request.op = OurOp(opts.reduceOp, "reduce_scatter");
+    return Run(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", {std::move(s)}, outputs,
+               [out](const auto& h) mutable { out.view({-1}).copy_(h[0]->output().view({-1})); });
+  }
+
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override {
+    std::vector<at::Tensor> outs{output}, ins{input};
+    return ReduceScatterInto(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", outs,
+                             ins, opts);
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override {
+    return ReduceScatterInto(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED,
+                             "reduce_scatter_tensor_coalesced", outputs, inputs, opts);
+  }
+
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_splits,
+                                               std::vector<int64_t>& input_splits,
+                                               const c10d::AllToAllOptions&) override {
+    CheckDense(input, "all_to_all_single");
+    CheckDense(output, "all_to_all_single");
+    const int64_t n = getSize();
+    std::vector<int64_t> splits = input_splits;
+    if (splits.empty()) {
+      if (input.dim() == 0 || input.size(0) % n != 0) {
+        Fail("all_to_all_single: without split sizes the input's first dimension must divide "
+             "by the group size");
+      }
+      splits.assign(static_cast<size_t>(n), input.size(0) / n);
+    }
+    if (static_cast<int64_t>(splits.size()) != n ||
+        (!output_splits.empty() && static_cast<int64_t>(output_splits.size()) != n)) {
+      Fail("all_to_all_single: split sizes need one entry per rank");
+    }
+    Submission s = Sub(OpType::kAlltoall, input);
+    s.request.splits = splits;
+    at::Tensor out = output;
+    return Run(c10d::OpType::ALLTOALL_BASE, "all_to_all_single", {std::move(s)}, {output},
+               [out](const auto& h) mutable {
+                 const at::Tensor& got = h[0]->output();
+                 if (got.numel() != out.numel()) {
+                   throw std::runtime_error("received " + std::to_string(got.numel()) +
+                                            " elements for an output of " +
+                                            std::to_string(out.numel()));
+                 }
+                 out.copy_(got.view(out.sizes()));
+               });
+  }
+
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions&) override {
+    const auto n = static_cast<size_t>(getSize());
+    if (inputs.size() != n || outputs.size() != n) {
+      Fail("all_to_all takes one input and one output per rank");
+    }
+    std::vector<at::Tensor> flat;
+    std::vector<int64_t> splits;
+    for (auto& t : inputs) {
+      CheckDense(t, "all_to_all");
+      flat.push_back(t.reshape({-1}));
+      splits.push_back(t.numel());
+    }
+    Submission s = Sub(OpType::kAlltoall, at::cat(flat));
+    s.request.splits = splits;
+    std::vector<at::Tensor> outs = outputs;
+    return Run(c10d::OpType::ALLTOALL, "all_to_all", {std::move(s)}, outputs,
+               [outs](const auto& h) {
+                 const at::Tensor& got = h[0]->output();
+                 int64_t offset = 0;
+                 for (auto& o : outs) {
+                   if (offset + o.numel() > got.numel()) {
+                     throw std::runtime_error("received fewer elements than the outputs hold");
+                   }
+                   o.view({-1}).copy_(got.narrow(0, offset, o.numel()));
+                   offset += o.numel();
+                 }
+               });
+  }
+
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
+    Submission s;
+    s.request.type = OpType::kBarrier;
+    return Run(c10d::OpType::BARRIER, "barrier", {std::move(s)}, {}, nullptr);
+  }
+
+ private:
+  Submission Sub(OpType type, at::Tensor input) const {
+    Submission s;
+    s.request.type = type;
+    s.input = std::move(input);
+    return s;
+  }
+
+  c10::intrusive_ptr<c10d::Work> Allreduce(c10d::OpType type, const char* what,
+                                           std::vector<at::Tensor>& tensors,
+                                           const c10d::ReduceOp& op) {
+    std::vector<Submission> subs;
+    const ReduceOp ours = OurOp(op, what);
+    for (auto& t : tensors) {
+      CheckDense(t, what);
+      Submission s = Sub(OpType::kAllreduce, t);
+      s.request.op = ours;
+      s.output = t;
+      subs.push_back(std::move(s));
+    }
+    return Run(type, what, std::move(subs), tensors, nullptr);
+  }
+
+  c10::intrusive_ptr<c10d::Work> AllgatherInto(c10d::OpType type, const char* what,
+                                               std::vector<at::Tensor>& outputs,
+                                               std::vector<at::Tensor>& inputs) {
+    if (outputs.size() != inputs.size()) Fail(std::string(what) + ": one output per input");
+    std::vector<Submission> subs;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      CheckDense(inputs[i], what);
+      CheckDense(outputs[i], what);
+      if (outputs[i].numel() != inputs[i].numel() * getSize()) {
+        Fail(std::string(what) + ": the output must hold the group size times the input");
+      }
+      subs.push_back(Sub(OpType::kAllgather, Row(inputs[i])));
+    }
+    std::vector<at::Tensor> outs = outputs;
+    return Run(type, what, std::move(subs), outputs, [outs](const auto& h) {
+      for (size_t i = 0; i < outs.size(); ++i) {
+        outs[i].view({-1}).copy_(h[i]->output().view({-1}));
+      }
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> ReduceScatterInto(c10d::OpType type, const char* what,
+                                                   std::vector<at::Tensor>& outputs,
+                                                   std::vector<at::Tensor>& inputs,
+                                                   const c10d::ReduceScatterOptions& opts) {
+    if (outputs.size() != inputs.size()) Fail(std::string(what) + ": one output per input");
+    const ReduceOp op = OurOp(opts.reduceOp, what);
+    std::vector<Submission> subs;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      CheckDense(inputs[i], what);
+      CheckDense(outputs[i], what);
+      if (inputs[i].numel() != outputs[i].numel() * getSize()) {
+        Fail(std::string(what) + ": the input must hold the group size times the output");
+      }
+      Submission s = Sub(OpType::kReducescatter, inputs[i].view({-1}));
+      s.request.op = op;
+      subs.push_back(std::move(s));
+    }
+    std::vector<at::Tensor> outs = outputs;
+    return Run(type, what, std::move(subs), outputs, [outs](const auto& h) {
+      for (size_t i = 0; i < outs.size(); ++i) {
+        outs[i].view({-1}).copy_(h[i]->output().view({-1}));
+      }
+    });
+  }
+
+  // The name of the next op of kind `what`: the kind and a count, as hvd names its
+  // unnamed ops. Every rank issues the group's calls in the same order, so the n-th
+  // call has one name everywhere, and a call whose tensors differ between ranks (a
+  // shape, a dtype) fails with the coordinator's mismatch error instead of waiting for
+  // a name that never comes.
+  std::string NameFor(const char* what) HVD_REQUIRES(mu_) {
+    return std::string("c10d.") + what + "." + std::to_string(calls_++);
+  }
+
+  // Submits `subs` (one op each; several: an atomic group) and returns their Work.
+  c10::intrusive_ptr<c10d::Work> Run(c10d::OpType type, const char* what,
+                                     std::vector<Submission> subs, std::vector<at::Tensor> outputs,
+                                     Finish finish) {
+    auto call = std::make_shared<CallState>();
+    call->what = what;
+    call->outputs = std::move(outputs);
+    call->finish = std::move(finish);
+    std::vector<c10::Device> devices;
+    for (const auto& t : call->outputs) {
+      if (t.is_cuda() && std::find(devices.begin(), devices.end(), t.device()) == devices.end()) {
+        devices.push_back(t.device());
+      }
+    }
+    call->future = c10::make_intrusive<c10::ivalue::Future>(
+        c10::ListType::create(c10::TensorType::get()), devices);
+    {
+      MutexLock lock(mu_);
+      std::vector<std::string> names;
+      for (auto& s : subs) {
+        s.request.name = NameFor(what);
+        names.push_back(s.request.name);
+      }
+      if (subs.size() > 1) {
+        const int64_t group = GroupId(names);
+        for (auto& s : subs) {
+          s.request.group_id = group;
+          s.request.group_size = static_cast<int32_t>(subs.size());
+        }
+      }
+      std::vector<std::shared_ptr<HandleState>> states;
+      Status st = SubmitToRuntime(std::move(subs), &states);
+      if (!st.ok()) Fail(std::string(what) + ": " + st.message());
+      call->handles = std::move(states);
+    }
+    // A copy: once the last op completes, the completion thread drops call->handles.
+    const std::vector<std::shared_ptr<HandleState>> handles = call->handles;
+    call->remaining = static_cast<int>(handles.size());
+    for (const auto& h : handles) {
+      HandleState* raw = h.get();
+      h->OnComplete([call, raw] {
+        raw->ReleaseName();
+        if (--call->remaining == 0) Completer::Get().Push(call);
+      });
+    }
+    return c10::make_intrusive<HvdWork>(call, type, timeout_);
+  }
+
+  const std::chrono::milliseconds timeout_;
+  Mutex mu_;  // one call at a time: every rank must name its calls in the same order
+  uint64_t calls_ HVD_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace
+
+void BindC10dBackend(pybind11::module_& m) {
+  m.def(
+      "c10d_backend",
+      [](int rank, int size, double timeout_s) -> c10::intrusive_ptr<c10d::Backend> {
+        return c10::make_intrusive<HvdBackend>(
+            rank, size, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+      },
+      pybind11::arg("rank"), pybind11::arg("size"), pybind11::arg("timeout_s"));
+}
+
+}  // namespace hvd

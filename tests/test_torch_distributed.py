@@ -1,0 +1,99 @@
+"""The torch.distributed backend "hvd" (horovod_torch/torch_distributed.py,
+csrc/python/c10d_backend.cc): real processes started as torchrun starts them, with
+gloo over the same ranks as the reference."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.harness import ROOT, WorkerResult, describe, master_port
+
+
+def _run(target, size, args=(), timeout=120, expect_ok=True, env=None):
+    port = master_port()
+    procs = []
+    for rank in range(size):
+        e = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+        e.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank),
+                 LOCAL_WORLD_SIZE=str(size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                 PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+                 PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        e.update(env or {})
+        procs.append(subprocess.Popen([sys.executable, "-m", "tests.run_worker", target,
+                                       *map(str, args)], cwd=ROOT, env=e,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    results = []
+    try:
+        for rank, p in enumerate(procs):
+            out, _ = p.communicate(timeout=timeout)
+            results.append(WorkerResult(rank, p.returncode, out))
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        outs = [WorkerResult(r, None, p.communicate()[0]) for r, p in enumerate(procs)]
+        raise AssertionError(f"not finished within {timeout} s:\n" + describe(outs))
+    if expect_ok:
+        bad = [r.rank for r in results if r.returncode != 0]
+        assert not bad, f"ranks {bad} failed:\n" + describe(results)
+    return results
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_every_collective_matches_gloo(size):
+    results = _run("tests.torch_distributed_workers:collectives", size)
+    for r in results:
+        assert f"OK rank={r.rank}" in r.output, describe(results)
+        # 30 rounds of x = sum(x) + 1 from zero, on every rank.
+        value = 0
+        for _ in range(30):
+            value = value * size + 1
+        assert f"REPEATS rank={r.rank} value={value}" in r.output, describe(results)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_ddp_trains_as_on_gloo(size):
+    results = _run("tests.torch_distributed_workers:ddp", size)
+    for r in results:
+        m = re.search(r"DDP rank=\d+ size=\d+ diff=(\S+)", r.output)
+        assert m, describe(results)
+        if size == 2:  # a sum of two is the same in any order: bitwise
+            assert float(m.group(1)) == 0.0, describe(results)
+        else:
+            assert float(m.group(1)) < 1e-5, describe(results)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_fsdp2_matches_one_process(size):
+    results = _run("tests.torch_distributed_workers:fsdp2", size, timeout=180)
+    for r in results:
+        m = re.search(r"FSDP2 rank=\d+ size=\d+ diff=(\S+)", r.output)
+        assert m, describe(results)
+        assert float(m.group(1)) < 1e-4, describe(results)
+
+
+def test_hvd_and_dist_calls_share_one_engine():
+    results = _run("tests.torch_distributed_workers:mixed", 2)
+    assert all(f"OK rank={r.rank}" in r.output for r in results), describe(results)
+
+
+def test_bad_calls_raise_clear_errors_and_the_group_goes_on():
+    results = _run("tests.torch_distributed_workers:errors", 2)
+    for r in results:
+        assert f"OK rank={r.rank}" in r.output, describe(results)
+        assert re.search(rf"MISMATCH rank={r.rank} \w+: .*(shape|Mismatched)", r.output), \
+            describe(results)
+
+
+def test_a_dead_peer_fails_pending_work_and_survivors_rebuild_the_group():
+    results = _run("tests.torch_distributed_workers:peer_dies", 3, [master_port()],
+                   expect_ok=False, timeout=120)
+    assert results[2].returncode == 3, describe(results)
+    for r in results[:2]:
+        assert r.returncode == 0, describe(results)
+        m = re.search(r"FAILED rank=\d after=([\d.]+) (\w+)", r.output)
+        assert m and m.group(2) == "DistBackendError", describe(results)
+        assert float(m.group(1)) < 60, describe(results)
+        assert f"REBUILT rank={r.rank} size=2 sum=3.0" in r.output, describe(results)

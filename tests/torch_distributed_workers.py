@@ -1,0 +1,298 @@
+"""Workers of tests/test_torch_distributed.py: torch.distributed on the "hvd" backend,
+started as torchrun starts workers (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), with
+gloo over the same ranks as the reference."""
+import os
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+
+import horovod_torch.torch_distributed  # noqa: F401  (registers "hvd")
+
+# torch 2.14 renames all_gather_into_tensor and reduce_scatter_tensor; the old names
+# are what DDP, FSDP2 and most scripts call.
+warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def _init(backend: str = "hvd"):
+    dist.init_process_group(backend)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _same(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), (what, a, b)
+
+
+def collectives() -> None:
+    """Every collective the backend implements, on several dtypes and ops, against gloo
+    over the same ranks: equal results."""
+    rank, size = _init()
+    gloo = dist.new_group(backend="gloo")
+    g = torch.Generator().manual_seed(100 + rank)
+    dtypes = [torch.float32, torch.float64, torch.int32, torch.int64, torch.bfloat16]
+
+    def data(shape, dtype):
+        return (torch.rand(shape, generator=g) * 10).to(dtype)
+
+    def both(fn, *tensors):
+        """fn(tensors on hvd) and fn(copies on gloo); returns both tensor lists."""
+        ours = [t.clone() for t in tensors]
+        ref = [t.clone() for t in tensors]
+        fn(ours, None)
+        fn(ref, gloo)
+        return ours, ref
+
+    for dtype in dtypes:
+        ops = [dist.ReduceOp.SUM, dist.ReduceOp.MIN, dist.ReduceOp.MAX, dist.ReduceOp.PRODUCT]
+        if dtype.is_floating_point and dtype != torch.bfloat16:
+            ops.append(dist.ReduceOp.AVG)
+        for op in ops:
+            x = data((5, 3), dtype)
+            if op == dist.ReduceOp.PRODUCT:
+                x = (x % 3) + 1
+            a, b = both(lambda t, grp, op=op: dist.all_reduce(t[0], op=op, group=grp), x)
+            if dtype.is_floating_point and op not in (dist.ReduceOp.MIN, dist.ReduceOp.MAX):
+                torch.testing.assert_close(a[0], b[0])  # the order of operands may differ
+            else:
+                _same(a[0], b[0], f"all_reduce {dtype} {op}")
+        x = data((7,), dtype)
+        a, b = both(lambda t, grp: dist.broadcast(t[0], src=size - 1, group=grp), x)
+        _same(a[0], b[0], f"broadcast {dtype}")
+        x = data((2, 3), dtype)
+        ours = [torch.empty_like(x) for _ in range(size)]
+        ref = [torch.empty_like(x) for _ in range(size)]
+        dist.all_gather(ours, x)
+        dist.all_gather(ref, x, group=gloo)
+        for o, r in zip(ours, ref):
+            _same(o, r, f"all_gather {dtype}")
+        out_a, out_b = torch.empty(size * 6, dtype=dtype), torch.empty(size * 6, dtype=dtype)
+        dist.all_gather_into_tensor(out_a, x.view(-1))
+        dist.all_gather_into_tensor(out_b, x.view(-1), group=gloo)
+        _same(out_a, out_b, f"all_gather_into_tensor {dtype}")
+        # Uneven all_to_all_single: ranks r and s send each other r + s + 1 rows.
+        splits = [rank + s + 1 for s in range(size)]
+        x = data((sum(splits), 2), dtype)
+        out_a = torch.empty(sum(splits), 2, dtype=dtype)
+        out_b = torch.empty_like(out_a)
+        dist.all_to_all_single(out_a, x, splits, splits)
+        dist.all_to_all_single(out_b, x, splits, splits, group=gloo)
+        _same(out_a, out_b, f"all_to_all_single {dtype}")
+    # Reduce-scatter (gloo has no reduce_scatter_tensor on CPU: compare with a reduction).
+    x = torch.arange(size * 4, dtype=torch.float32) * (rank + 1)
+    out = torch.empty(4)
+    dist.reduce_scatter_tensor(out, x)
+    full = x.clone()
+    dist.all_reduce(full, group=gloo)
+    _same(out, full[rank * 4:(rank + 1) * 4], "reduce_scatter_tensor")
+    dist.reduce_scatter_tensor(out, x, op=dist.ReduceOp.AVG)
+    torch.testing.assert_close(out, full[rank * 4:(rank + 1) * 4] / size)
+    out = torch.empty(3)
+    dist.reduce_scatter(out, [torch.full((3,), float(rank * size + r)) for r in range(size)])
+    _same(out, torch.full((3,), float(sum(q * size + rank for q in range(size)))),
+          "reduce_scatter")
+    # Coalesced.
+    xs = [data((4,), torch.float32) for _ in range(3)]
+    ys = [t.clone() for t in xs]
+    with dist._coalescing_manager(async_ops=True) as cm:
+        for t in xs:
+            dist.all_reduce(t)
+    cm.wait()
+    for t in ys:
+        dist.all_reduce(t, group=gloo)
+    for a, b in zip(xs, ys):
+        torch.testing.assert_close(a, b)
+    # Rooted ops.
+    x = torch.full((3,), float(rank + 1))
+    dist.reduce(x, dst=1)
+    if rank == 1:
+        _same(x, torch.full((3,), float(size * (size + 1) // 2)), "reduce")
+    gathered = [torch.empty(2) for _ in range(size)] if rank == 0 else None
+    dist.gather(torch.full((2,), float(rank)), gathered, dst=0)
+    if rank == 0:
+        for r, t in enumerate(gathered):
+            _same(t, torch.full((2,), float(r)), "gather")
+    out = torch.empty(2)
+    dist.scatter(out, [torch.full((2,), float(r * 7)) for r in range(size)] if rank == size - 1
+                 else None, src=size - 1)
+    _same(out, torch.full((2,), float(rank * 7)), "scatter")
+    outs = [torch.empty(2, dtype=torch.int64) for _ in range(size)]
+    dist.all_to_all(outs, [torch.full((2,), rank * 10 + s, dtype=torch.int64)
+                           for s in range(size)])
+    for s, t in enumerate(outs):
+        _same(t, torch.full((2,), s * 10 + rank, dtype=torch.int64), "all_to_all")
+    # Objects, barrier, async work and futures.
+    objs = [None] * size
+    dist.all_gather_object(objs, {"rank": rank})
+    assert objs == [{"rank": r} for r in range(size)], objs
+    dist.barrier()
+    work = dist.all_reduce(torch.ones(4), async_op=True)
+    assert work.wait() and work.is_completed() and work.exception() is None
+    fut = dist.all_reduce(torch.ones(2), async_op=True).get_future()
+    chained = fut.then(lambda f: f.value()[0] * 2)
+    _same(chained.wait(), torch.full((2,), 2.0 * size), "future")
+    # A loop of repeated calls (the names the response cache serves).
+    t = torch.zeros(8, dtype=torch.int64)
+    for _ in range(30):
+        dist.all_reduce(t)
+        t += 1
+    print(f"REPEATS rank={rank} value={t[0].item()}", flush=True)
+    dist.destroy_process_group()
+    print(f"OK rank={rank}", flush=True)
+
+
+def _model(seed: int):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                               torch.nn.ReLU(), torch.nn.Linear(64, 4))
+
+
+def ddp(steps: str = "20") -> None:
+    """The same DDP training on "hvd" and on gloo over the same ranks (same seeds, same
+    buckets); prints the largest difference of the parameters."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    rank, size = _init()
+    gloo = dist.new_group(backend="gloo")
+    models = {}
+    for name, group in (("hvd", None), ("gloo", gloo)):
+        model = DDP(_model(0), process_group=group, bucket_cap_mb=0.01)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        g = torch.Generator().manual_seed(rank)
+        for _ in range(int(steps)):
+            x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+        models[name] = model
+    diff = max((a - b).abs().max().item() for a, b in
+               zip(models["hvd"].parameters(), models["gloo"].parameters()))
+    # Every rank holds the same parameters.
+    flat = torch.cat([p.detach().view(-1) for p in models["hvd"].parameters()])
+    low, high = flat.clone(), flat.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    assert torch.equal(low, high), "ranks hold different parameters"
+    print(f"DDP rank={rank} size={size} diff={diff!r}", flush=True)
+    dist.destroy_process_group()
+
+
+def fsdp2(steps: str = "10") -> None:
+    """A small transformer under FSDP2's fully_shard on "hvd" against the same model
+    trained in this process alone on the whole batch: equal within rounding."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    rank, size = _init()
+    mesh = init_device_mesh("cpu", (size,))
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(
+            torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True),
+            torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True),
+            torch.nn.Linear(32, 8))
+
+    ref, sharded = model(), model()
+    for layer in sharded:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(sharded, mesh=mesh)
+    # SGD: Adam's normalised steps would magnify rounding into the result.
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+    opt = torch.optim.SGD(sharded.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(7)
+    per_rank = 4
+    for _ in range(int(steps)):
+        x = torch.randn(per_rank * size, 6, 32, generator=g)
+        y = torch.randn(per_rank * size, 6, 8, generator=g)
+        opt_ref.zero_grad()
+        torch.nn.functional.mse_loss(ref(x), y).backward()
+        opt_ref.step()
+        mine = slice(rank * per_rank, (rank + 1) * per_rank)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(sharded(x[mine]), y[mine]).backward()
+        opt.step()
+    diff = 0.0
+    for (name, p_ref), p in zip(ref.named_parameters(), sharded.parameters()):
+        full = p.full_tensor()
+        diff = max(diff, (full - p_ref).abs().max().item())
+    print(f"FSDP2 rank={rank} size={size} diff={diff!r}", flush=True)
+    dist.destroy_process_group()
+
+
+def mixed() -> None:
+    """hvd.* and dist.* calls in one process, on one engine, in either order."""
+    import horovod_torch as hvd
+    hvd.init()
+    rank, size = _init()
+    assert (rank, size) == (hvd.rank(), hvd.size())
+    for i in range(5):
+        a = hvd.allreduce(torch.full((3,), float(rank)), op=hvd.Sum, name=f"mixed.{i}")
+        b = torch.full((3,), float(rank))
+        dist.all_reduce(b)
+        _same(a, b, "hvd.allreduce against dist.all_reduce")
+    dist.destroy_process_group()
+    hvd.shutdown()
+    print(f"OK rank={rank}", flush=True)
+
+
+def errors() -> None:
+    """Bad calls raise clear errors, and the group goes on working after them."""
+    rank, size = _init()
+    t = torch.ones(4, dtype=torch.int32)
+    try:
+        dist.all_reduce(t, op=dist.ReduceOp.BAND)
+    except Exception as exc:  # noqa: BLE001  (its type is torch's)
+        assert "SUM, AVG, MIN, MAX and PRODUCT" in str(exc), exc
+    else:
+        raise AssertionError("BAND did not raise")
+    try:
+        dist.all_reduce(torch.ones(4, 4).t())
+    except Exception as exc:  # noqa: BLE001
+        assert "contiguous" in str(exc), exc
+    else:
+        raise AssertionError("a non-contiguous tensor did not raise")
+    try:
+        dist.new_group(ranks=[0])
+    except ValueError as exc:
+        assert "subset of ranks" in str(exc), exc
+    else:
+        if rank == 0:
+            raise AssertionError("a subgroup did not raise")
+    # A mismatch between ranks fails on every rank, and the group goes on.
+    try:
+        dist.all_reduce(torch.ones(3 + rank))
+    except Exception as exc:  # noqa: BLE001
+        print(f"MISMATCH rank={rank} {type(exc).__name__}: {exc}", flush=True)
+    else:
+        raise AssertionError("mismatched shapes did not raise")
+    x = torch.ones(2)
+    dist.all_reduce(x)
+    _same(x, torch.full((2,), float(size)), "after errors")
+    dist.destroy_process_group()
+    print(f"OK rank={rank}", flush=True)
+
+
+def peer_dies(new_port: str) -> None:
+    """The last rank dies in the middle of the job: pending work fails on the others
+    within the I/O timeout, and they build a smaller group in the same processes."""
+    rank, size = _init()
+    x = torch.ones(1000)
+    dist.all_reduce(x)
+    if rank == size - 1:
+        os._exit(3)
+    start = time.monotonic()
+    try:
+        for _ in range(100):
+            dist.all_reduce(x)
+            time.sleep(0.05)
+    except Exception as exc:  # noqa: BLE001  (torch.distributed.DistBackendError)
+        print(f"FAILED rank={rank} after={time.monotonic() - start:.1f} "
+              f"{type(exc).__name__}: {str(exc)[:200]}", flush=True)
+    else:
+        raise AssertionError("all_reduce went on without the dead rank")
+    dist.destroy_process_group()
+    dist.init_process_group("hvd", init_method=f"tcp://127.0.0.1:{new_port}", rank=rank,
+                            world_size=size - 1)
+    y = torch.full((2,), float(rank + 1))
+    dist.all_reduce(y)
+    print(f"REBUILT rank={rank} size={dist.get_world_size()} sum={y[0].item()}", flush=True)
+    dist.destroy_process_group()
