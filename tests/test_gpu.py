@@ -197,3 +197,31 @@ def test_replacement_worker_takes_the_freed_gpu(tmp_path):
     finals = _finals(out)
     assert len(finals) == size and all(f["same"] == "True" for f in finals), out
     assert sorted(f["device"] for f in finals) == [str(d) for d in range(size)], out
+
+
+# The torch.distributed backend "hvd" on CUDA tensors, against NCCL's process group
+# over the same ranks (tests/test_torch_distributed.py has the CPU half).
+def test_torch_distributed_collectives_match_nccl():
+    from tests.test_torch_distributed import _run
+    results = _run("tests.torch_distributed_workers:collectives", 2, ["cuda"], env=GPU_ENV,
+                   timeout=240)
+    assert all(f"OK rank={r.rank}" in r.output for r in results)
+
+
+def test_torch_distributed_ddp_trains_as_on_nccl():
+    import re
+    from tests.test_torch_distributed import _run
+    results = _run("tests.torch_distributed_workers:ddp", 2, ["cuda"], env=GPU_ENV, timeout=240)
+    for r in results:
+        m = re.search(r"DDP rank=\d+ size=\d+ diff=(\S+)", r.output)
+        assert m and float(m.group(1)) < 1e-6, r.output
+
+
+def test_torch_distributed_fsdp2_matches_one_gpu():
+    import re
+    from tests.test_torch_distributed import _run
+    results = _run("tests.torch_distributed_workers:fsdp2", 2, ["cuda"], env=GPU_ENV,
+                   timeout=240)
+    for r in results:
+        m = re.search(r"FSDP2 rank=\d+ size=\d+ diff=(\S+)", r.output)
+        assert m and float(m.group(1)) < 1e-4, r.output

@@ -298,7 +298,7 @@ class HvdBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions&) override {
-    return AllgatherInto(c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED,
+    return AllgatherInto(c10d::OpType::COALESCED,
                          "allgather_into_tensor_coalesced", outputs, inputs);
   }
 
@@ -384,7 +384,7 @@ class HvdBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::ReduceScatterOptions& opts) override {
-    return ReduceScatterInto(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED,
+    return ReduceScatterInto(c10d::OpType::COALESCED,
                              "reduce_scatter_tensor_coalesced", outputs, inputs, opts);
   }
 
