@@ -116,8 +116,8 @@ def collectives(device: str = "cpu") -> None:
     # Rooted ops.
     x = torch.full((3,), float(rank + 1))
     dist.reduce(x, dst=1)
-    if rank == 1:
-        _same(x, torch.full((3,), float(size * (size + 1) // 2)), "reduce")
+    expect = size * (size + 1) // 2 if rank == 1 else rank + 1  # others' left as they were
+    _same(x, torch.full((3,), float(expect)), "reduce")
     gathered = [torch.empty(2) for _ in range(size)] if rank == 0 else None
     dist.gather(torch.full((2,), float(rank)), gathered, dst=0)
     if rank == 0:

@@ -1,0 +1,155 @@
+"""The torch.distributed backend "hvd" against gloo (CPU) or NCCL (CUDA): the same
+processes hold both groups (the default group on "hvd", a second one over the same
+ranks on the peer), and each measurement alternates between them.
+
+    python bench/torch_distributed.py --np 2 [--device cpu|cuda] [--rounds 3]
+        [--sizes 4K,64K,1M,16M,64M] [--ddp-steps 30] [--model mlp|resnet50] [--batch N]
+        [--width W]
+
+Prints, per message size, dist.all_reduce's median time on each backend, and a DDP
+training step's median time (a 4-layer MLP, width 1024 (4 M parameters) and batch 8
+by default, or ResNet-50, batch 64); the ratio is peer / hvd (above 1: hvd is faster).
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(a) -> None:
+    port = _free_port()
+    procs = []
+    for rank in range(a.np):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+        env.update(RANK=str(rank), WORLD_SIZE=str(a.np), LOCAL_RANK=str(rank),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+                   NCCL_NVLS_ENABLE="0",
+                   PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        procs.append(subprocess.Popen([sys.executable, __file__, "--worker", *sys.argv[1:]],
+                                      env=env, stdout=None if rank == 0 else subprocess.DEVNULL))
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        sys.exit(f"workers exited with {codes}")
+
+
+def worker(a) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import horovod_torch.torch_distributed  # noqa: F401  (registers "hvd")
+    rank = int(os.environ["RANK"])
+    cuda = a.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dev = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    dist.init_process_group("hvd")
+    peer_name = "nccl" if cuda else "gloo"
+    groups = {"hvd": None, peer_name: dist.new_group(backend=peer_name)}
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    def timed(fn, iters):
+        dist.barrier(group=groups[peer_name])
+        sync()
+        start = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        sync()
+        return (time.perf_counter() - start) / iters
+
+    def say(line):
+        if rank == 0:
+            print(line, flush=True)
+
+    say(f"# {a.np} ranks on {dev.type}; hvd against {peer_name}; medians of {a.rounds} "
+        "alternating rounds")
+    say(f"{'all_reduce':>12} {'hvd us':>10} {peer_name + ' us':>10} {'ratio':>7}")
+    for text in a.sizes.split(","):
+        n = max(1, _size(text) // 4)
+        x = torch.ones(n, device=dev)
+        iters = max(5, min(500, (64 << 20) // (n * 4) // 4))
+        times = {k: [] for k in groups}
+        for _ in range(a.rounds):
+            for name, group in groups.items():
+                timed(lambda: dist.all_reduce(x, group=group), 2)  # warm-up
+                times[name].append(timed(lambda: dist.all_reduce(x, group=group), iters))
+        ours, peer = statistics.median(times["hvd"]), statistics.median(times[peer_name])
+        say(f"{text:>12} {ours * 1e6:>10.1f} {peer * 1e6:>10.1f} {peer / ours:>7.2f}")
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    if a.model == "resnet50":
+        import torchvision
+
+        def model():
+            torch.manual_seed(0)
+            return torchvision.models.resnet50().to(dev)
+        data = torch.randn(a.batch or 64, 3, 224, 224, device=dev)
+        target = torch.randint(0, 1000, (a.batch or 64,), device=dev)
+        loss_fn = torch.nn.functional.cross_entropy
+    else:
+        def model():
+            torch.manual_seed(0)
+            w = a.width
+            layers = [m for _ in range(3) for m in (torch.nn.Linear(w, w), torch.nn.ReLU())]
+            return torch.nn.Sequential(*layers, torch.nn.Linear(w, w)).to(dev)
+        data = torch.randn(a.batch or 8, a.width, device=dev)
+        target = torch.randn(a.batch or 8, a.width, device=dev)
+        loss_fn = torch.nn.functional.mse_loss
+    ddps = {name: DDP(model(), process_group=group) for name, group in groups.items()}
+    opts = {name: torch.optim.SGD(m.parameters(), lr=0.01) for name, m in ddps.items()}
+
+    def step(name):
+        opts[name].zero_grad()
+        loss_fn(ddps[name](data), target).backward()
+        opts[name].step()
+
+    times = {k: [] for k in groups}
+    for _ in range(a.rounds):
+        for name in groups:
+            timed(lambda: step(name), 3)
+            times[name].append(timed(lambda: step(name), a.ddp_steps))
+    ours, peer = statistics.median(times["hvd"]), statistics.median(times[peer_name])
+    what = f"mlp width {a.width}" if a.model == "mlp" else a.model
+    say(f"DDP {what} batch {data.shape[0]} step: hvd {ours * 1e3:.2f} ms, {peer_name} {peer * 1e3:.2f} ms, "
+        f"ratio {peer / ours:.2f}")
+    dist.destroy_process_group()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--np", type=int, default=2)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--sizes", default="4K,64K,1M,16M,64M")
+    p.add_argument("--ddp-steps", type=int, default=30)
+    p.add_argument("--model", choices=("mlp", "resnet50"), default="mlp")
+    p.add_argument("--batch", type=int, default=0, help="per rank (0: the model's default)")
+    p.add_argument("--width", type=int, default=1024, help="the MLP's width (4 layers)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.worker:
+        worker(a)
+    else:
+        launch(a)
+
+
+if __name__ == "__main__":
+    main()
