@@ -113,6 +113,15 @@ def collectives(device: str = "cpu") -> None:
         dist.all_reduce(t, group=gloo)
     for a, b in zip(xs, ys):
         torch.testing.assert_close(a, b)
+    # Deprecated in torch, still called by scripts: all_gather_coalesced.
+    ins = [data((2,), torch.float32), data((3, 2), torch.float32)]
+    ours = [[torch.empty_like(t) for t in ins] for _ in range(size)]  # [rank][input]
+    ref = [[torch.empty_like(t) for t in ins] for _ in range(size)]
+    if device == "cpu":  # NCCL has no all_gather_coalesced
+        dist.all_gather_coalesced(ours, ins)
+        dist.all_gather_coalesced(ref, ins, group=gloo)
+        for a, b in zip(sum(ours, []), sum(ref, [])):
+            _same(a, b, "all_gather_coalesced")
     # Rooted ops.
     x = torch.full((3,), float(rank + 1))
     dist.reduce(x, dst=1)

@@ -227,6 +227,13 @@ void CheckDense(const at::Tensor& t, const char* what) {
 // `t` as one row: [1, numel].
 at::Tensor Row(const at::Tensor& t) { return t.reshape({1, t.numel()}); }
 
+// Row r of an allgather of Row()s into outs[r] (none: a rank that keeps nothing).
+void CopyRows(const at::Tensor& gathered, const std::vector<at::Tensor>& outs) {
+  for (size_t r = 0; r < outs.size(); ++r) {
+    outs[r].copy_(gathered[static_cast<int64_t>(r)].view(outs[r].sizes()));
+  }
+}
+
 class HvdBackend : public c10d::Backend {
  public:
   HvdBackend(int rank, int size, std::chrono::milliseconds timeout)
@@ -281,11 +288,35 @@ class HvdBackend : public c10d::Backend {
     CheckDense(inputs[0], "allgather");
     std::vector<at::Tensor> outs = outputs[0];
     return Run(c10d::OpType::ALLGATHER, "allgather",
-               {Sub(OpType::kAllgather, Row(inputs[0]))}, outs, [outs](const auto& h) {
-                 const at::Tensor& got = h[0]->output();
-                 for (size_t r = 0; r < outs.size(); ++r) {
-                   outs[r].copy_(got[static_cast<int64_t>(r)].view(outs[r].sizes()));
-                 }
+               {Sub(OpType::kAllgather, Row(inputs[0]))}, outs,
+               [outs](const auto& h) { CopyRows(h[0]->output(), outs); });
+  }
+
+  // all_gather_coalesced: one allgather per input, as one atomic group; outputs[r][i]
+  // gets rank r's inputs[i].
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions&) override {
+    if (outputs.size() != static_cast<size_t>(getSize())) {
+      Fail("all_gather_coalesced: one output list per rank");
+    }
+    std::vector<Submission> subs;
+    std::vector<std::vector<at::Tensor>> by_input(inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      CheckDense(inputs[i], "all_gather_coalesced");
+      subs.push_back(Sub(OpType::kAllgather, Row(inputs[i])));
+    }
+    std::vector<at::Tensor> flat_outputs;
+    for (const auto& list : outputs) {
+      if (list.size() != inputs.size()) {
+        Fail("all_gather_coalesced: each output list needs one tensor per input");
+      }
+      for (size_t i = 0; i < list.size(); ++i) by_input[i].push_back(list[i]);
+      flat_outputs.insert(flat_outputs.end(), list.begin(), list.end());
+    }
+    return Run(c10d::OpType::ALLGATHER_COALESCED, "all_gather_coalesced", std::move(subs),
+               flat_outputs, [by_input](const auto& h) {
+                 for (size_t i = 0; i < by_input.size(); ++i) CopyRows(h[i]->output(), by_input[i]);
                });
   }
 
@@ -314,12 +345,7 @@ class HvdBackend : public c10d::Backend {
     CheckDense(inputs[0], "gather");
     std::vector<at::Tensor> outs = root ? outputs[0] : std::vector<at::Tensor>{};
     return Run(c10d::OpType::GATHER, "gather", {Sub(OpType::kAllgather, Row(inputs[0]))}, outs,
-               [outs](const auto& h) {
-                 const at::Tensor& got = h[0]->output();
-                 for (size_t r = 0; r < outs.size(); ++r) {
-                   outs[r].copy_(got[static_cast<int64_t>(r)].view(outs[r].sizes()));
-                 }
-               });
+               [outs](const auto& h) { CopyRows(h[0]->output(), outs); });
   }
 
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,

@@ -502,9 +502,38 @@ TEST(RuntimeTest, ShutdownFailsAnOpOnlyOneRankSubmitted) {
   std::vector<std::shared_ptr<HandleState>> h;
   HVD_ASSERT_OK(job.rt[0]->Submit({Allreduce("alone", at::ones({2}))}, &h));
   ASSERT_EQ(h.size(), 1u);
+  // A callback waiting for the op (the torch.distributed backend's) runs once, with
+  // the op's error to read; one registered afterwards runs at once.
+  std::atomic<int> calls{0};
+  std::atomic<bool> failed{false};
+  h[0]->OnComplete([&calls, &failed, raw = h[0].get()] {
+    ++calls;
+    failed = !raw->status().ok();
+  });
   job.Stop();
   ASSERT_TRUE(h[0]->Wait(0, kWait));
   EXPECT_FALSE(h[0]->status().ok());
+  EXPECT_EQ(calls.load(), 1);
+  EXPECT_TRUE(failed.load());
+  h[0]->OnComplete([&calls] { ++calls; });
+  EXPECT_EQ(calls.load(), 2);
+}
+
+// OnComplete before the op completes runs on the completing thread, after the state
+// is readable; Complete twice runs nothing twice.
+TEST(HandleStateTest, OnCompleteRunsOnceAfterTheResultIsSet) {
+  HandleState h;
+  int before = 0;
+  h.OnComplete([&] {
+    ++before;
+    EXPECT_TRUE(h.done());
+    EXPECT_TRUE(h.output().defined());
+  });
+  EXPECT_EQ(before, 0);
+  h.Complete(Status::Ok(), at::ones({2}));
+  EXPECT_EQ(before, 1);
+  h.Complete(Status::Ok());
+  EXPECT_EQ(before, 1);
 }
 
 }  // namespace
