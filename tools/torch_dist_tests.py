@@ -22,9 +22,9 @@ from torch.testing._internal.common_distributed import DistTestCases  # noqa: E4
 from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
     DistributedTest, TestDistBackend)
 
-# What "hvd" implements of torch's feature table (docs/torch_distributed.md): DDP on CPU
-# and CUDA tensors; no subgroups yet.
-for feature in ("gpu", "cuda", "ddp"):
+# "hvd" in torch's feature table, as a plugin backend (torch's own hook for them), with
+# what it implements (docs/torch_distributed.md): CPU and CUDA tensors, DDP; no subgroups.
+for feature in ("plugin", "gpu", "cuda", "ddp"):
     DistTestCases.backend_feature[feature].add("hvd")
 
 
