@@ -83,7 +83,7 @@ struct CallState {
   std::function<void(const std::vector<std::shared_ptr<HandleState>>&)> finish;
   c10::intrusive_ptr<c10::ivalue::Future> future;
   std::atomic<int> remaining{0};  // handles not yet complete
-  const std::shared_ptr<Completion> completion = std::make_shared<Completion>();
+  Completion completion;
 };
 
 // Runs finish() and completes the future of one call whose ops have all completed.
@@ -130,7 +130,7 @@ void Complete(CallState& c) {
   }
   c.handles.clear();  // the runtime's outputs, copied where they belong
   c.finish = nullptr;
-  c.completion->MarkDone(error);
+  c.completion.MarkDone(error);
 }
 
 // The one thread that completes calls (Complete()); never destroyed, as threads may
@@ -172,21 +172,21 @@ class HvdWork : public c10d::Work {
  public:
   HvdWork(std::shared_ptr<CallState> call, c10d::OpType type, std::chrono::milliseconds timeout)
       : c10d::Work(-1, type), call_(std::move(call)), timeout_(timeout) {}
-  bool isCompleted() override { return call_->completion->Done(); }
+  bool isCompleted() override { return call_->completion.Done(); }
   bool isSuccess() const override {
-    return call_->completion->Done() && !call_->completion->Error();
+    return call_->completion.Done() && !call_->completion.Error();
   }
-  std::exception_ptr exception() const override { return call_->completion->Error(); }
+  std::exception_ptr exception() const override { return call_->completion.Error(); }
   std::vector<at::Tensor> result() override { return call_->outputs; }
   // Blocks until the ops ran (raising their error); for CUDA tensors the caller's
   // current streams then wait for them on the GPU.
   bool wait(std::chrono::milliseconds timeout) override {
     const auto limit = timeout.count() == 0 ? timeout_ : timeout;
-    if (!call_->completion->WaitFor(limit)) {
+    if (!call_->completion.WaitFor(limit)) {
       Fail(call_->what + " did not complete within " + std::to_string(limit.count()) +
            " ms (a rank has not called it, or is stuck before it)");
     }
-    if (auto e = call_->completion->Error()) std::rethrow_exception(e);
+    if (auto e = call_->completion.Error()) std::rethrow_exception(e);
     call_->future->wait();
     return true;
   }
