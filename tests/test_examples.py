@@ -136,3 +136,13 @@ def test_readme_snippet_runs_as_written(tmp_path):
     proc = _launch(2, str(script))
     assert proc.returncode == 0, _explain(proc)
     assert re.search(r"trained on 2 ranks, last loss \d+\.\d+", proc.stdout), _explain(proc)
+
+
+def test_ddp_survivors_rebuild_the_group_after_a_worker_dies():
+    proc = _run([PY, "examples/torch_distributed/ddp_survivors.py", "--np", "3",
+                 "--fail-rank", "2", "--fail-step", "5", "--steps", "12"], timeout=180)
+    assert proc.returncode == 0, _explain(proc)
+    for rank in (0, 1):
+        assert f"rank {rank}: rebuilt a group of 2 at step 5" in proc.stdout, _explain(proc)
+        assert (f"rank {rank}: finished 12 steps on 2 ranks; parameters equal to rank 0's: "
+                "True") in proc.stdout, _explain(proc)
