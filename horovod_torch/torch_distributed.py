@@ -74,11 +74,20 @@ def _start_through_store(store, rank: int, size: int) -> None:
     hosts = [store.get(f"{_KEY}/host/{r}").decode() for r in range(size)]
     world = _placement(hosts, rank)
     if rank == 0:
-        secret = secrets.token_hex(16)
-        address = _store_address(world["local_size"] < size)
-        _server = _ext._C.StoreServer(address, 0, secret)
+        try:
+            secret = secrets.token_hex(16)
+            address = _store_address(world["local_size"] < size)
+            _server = _ext._C.StoreServer(address, 0, secret)
+        except (ValueError, RuntimeError) as exc:
+            # The others would wait for the address until torch's store times out.
+            store.set(f"{_KEY}/store", f"error {exc}")
+            raise
         store.set(f"{_KEY}/store", f"{address} {_server.port()} {secret}")
-    host, port, secret = store.get(f"{_KEY}/store").decode().split(" ")
+    published = store.get(f"{_KEY}/store").decode()
+    if published.startswith("error "):
+        raise RuntimeError(f"hvd backend: rank 0 could not start the engine's rendezvous "
+                           f"store: {published[len('error '):]}")
+    host, port, secret = published.split(" ")
     world.update(store_host=host, store_port=int(port), secret=secret)
     try:
         basics.init_world(world, prefix="c10d")

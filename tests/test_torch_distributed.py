@@ -97,3 +97,11 @@ def test_a_dead_peer_fails_pending_work_and_survivors_rebuild_the_group():
         assert m and m.group(2) == "DistBackendError", describe(results)
         assert float(m.group(1)) < 60, describe(results)
         assert f"REBUILT rank={r.rank} size=2 sum=3.0" in r.output, describe(results)
+
+
+def test_rank_0_that_cannot_start_the_engine_fails_every_rank_at_once():
+    results = _run("tests.torch_distributed_workers:rank0_cannot_start", 2, timeout=60)
+    for r in results:
+        m = re.search(r"REFUSED rank=\d after=([\d.]+) (\w+): (.*)", r.output)
+        assert m and "loopback" in m.group(3), describe(results)
+        assert float(m.group(1)) < 20, describe(results)

@@ -317,3 +317,20 @@ def peer_dies(new_port: str) -> None:
     dist.all_reduce(y)
     print(f"REBUILT rank={rank} size={dist.get_world_size()} sum={y[0].item()}", flush=True)
     dist.destroy_process_group()
+
+
+def rank0_cannot_start() -> None:
+    """Rank 0's host name resolves to loopback while the ranks look like two hosts: rank
+    0 cannot start the store the others could reach, and every rank says why at once."""
+    rank = int(os.environ["RANK"])
+    os.environ["HOROVOD_HOSTNAME"] = f"host{rank}"  # two "hosts"
+    os.environ["MASTER_ADDR"] = "localhost"
+    start = time.monotonic()
+    try:
+        dist.init_process_group("hvd")
+    except Exception as exc:  # noqa: BLE001  (rank 0: ValueError; others: RuntimeError)
+        print(f"REFUSED rank={rank} after={time.monotonic() - start:.1f} "
+              f"{type(exc).__name__}: {exc}", flush=True)
+        time.sleep(2)  # rank 0 holds torch's store: the others read the reason from it
+    else:
+        raise AssertionError("init_process_group did not fail")
