@@ -166,8 +166,8 @@ class HandleState {
   at::Tensor splits_;
   std::shared_ptr<GpuEvent> event_;
   std::vector<std::function<void()>> callbacks_ HVD_GUARDED_BY(mu_);  // OnComplete()
-  const std::shared_ptr<Waiters> waiters_;         // may be null
-  const std::shared_ptr<NameReservations> names_;  // may be null
+  const std::shared_ptr<Waiters> waiters_;                            // may be null
+  const std::shared_ptr<NameReservations> names_;                     // may be null
   const std::string name_;
   std::atomic<bool> name_released_{false};
 };

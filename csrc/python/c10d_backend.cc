@@ -150,7 +150,9 @@ class Completer {
   }
 
  private:
-  Completer() { std::thread([this] { Run(); }).detach(); }
+  Completer() {
+    std::thread([this] { Run(); }).detach();
+  }
   void Run() {
     for (;;) {
       std::shared_ptr<CallState> c;
@@ -173,9 +175,7 @@ class HvdWork : public c10d::Work {
   HvdWork(std::shared_ptr<CallState> call, c10d::OpType type, std::chrono::milliseconds timeout)
       : c10d::Work(-1, type), call_(std::move(call)), timeout_(timeout) {}
   bool isCompleted() override { return call_->completion.Done(); }
-  bool isSuccess() const override {
-    return call_->completion.Done() && !call_->completion.Error();
-  }
+  bool isSuccess() const override { return call_->completion.Done() && !call_->completion.Error(); }
   std::exception_ptr exception() const override { return call_->completion.Error(); }
   std::vector<at::Tensor> result() override { return call_->outputs; }
   // Blocks until the ops ran (raising their error); for CUDA tensors the caller's
@@ -287,16 +287,15 @@ class HvdBackend : public c10d::Backend {
     }
     CheckDense(inputs[0], "allgather");
     std::vector<at::Tensor> outs = outputs[0];
-    return Run(c10d::OpType::ALLGATHER, "allgather",
-               {Sub(OpType::kAllgather, Row(inputs[0]))}, outs,
-               [outs](const auto& h) { CopyRows(h[0]->output(), outs); });
+    return Run(c10d::OpType::ALLGATHER, "allgather", {Sub(OpType::kAllgather, Row(inputs[0]))},
+               outs, [outs](const auto& h) { CopyRows(h[0]->output(), outs); });
   }
 
   // all_gather_coalesced: one allgather per input, as one atomic group; outputs[r][i]
   // gets rank r's inputs[i].
-  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
-      std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-      const c10d::AllgatherOptions&) override {
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions&) override {
     if (outputs.size() != static_cast<size_t>(getSize())) {
       Fail("all_gather_coalesced: one output list per rank");
     }
@@ -329,8 +328,8 @@ class HvdBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions&) override {
-    return AllgatherInto(c10d::OpType::COALESCED,
-                         "allgather_into_tensor_coalesced", outputs, inputs);
+    return AllgatherInto(c10d::OpType::COALESCED, "allgather_into_tensor_coalesced", outputs,
+                         inputs);
   }
 
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -403,15 +402,15 @@ class HvdBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
       at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override {
     std::vector<at::Tensor> outs{output}, ins{input};
-    return ReduceScatterInto(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", outs,
-                             ins, opts);
+    return ReduceScatterInto(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", outs, ins,
+                             opts);
   }
 
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::ReduceScatterOptions& opts) override {
-    return ReduceScatterInto(c10d::OpType::COALESCED,
-                             "reduce_scatter_tensor_coalesced", outputs, inputs, opts);
+    return ReduceScatterInto(c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", outputs,
+                             inputs, opts);
   }
 
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -424,8 +423,9 @@ class HvdBackend : public c10d::Backend {
     std::vector<int64_t> splits = input_splits;
     if (splits.empty()) {
       if (input.dim() == 0 || input.size(0) % n != 0) {
-        Fail("all_to_all_single: without split sizes the input's first dimension must divide "
-             "by the group size");
+        Fail(
+            "all_to_all_single: without split sizes the input's first dimension must divide "
+            "by the group size");
       }
       splits.assign(static_cast<size_t>(n), input.size(0) / n);
     }
