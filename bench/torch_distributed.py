@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from _launch import REPO, free_port
 
 
 def _size(text: str) -> int:
@@ -25,22 +25,15 @@ def _size(text: str) -> int:
     return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
 
 
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(a) -> None:
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(a.np):
         env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
         env.update(RANK=str(rank), WORLD_SIZE=str(a.np), LOCAL_RANK=str(rank),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
                    NCCL_NVLS_ENABLE="0",
-                   PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+                   PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
         procs.append(subprocess.Popen([sys.executable, __file__, "--worker", *sys.argv[1:]],
                                       env=env, stdout=None if rank == 0 else subprocess.DEVNULL))
     codes = [p.wait() for p in procs]

@@ -83,18 +83,25 @@ def _multi_host(world: dict) -> bool:
     return world["local_size"] < world["size"]
 
 
-def _start_store(master: str, port: int, secret: str, world: dict):
-    """Rank 0's store, listening on MASTER_ADDR's address only (never 0.0.0.0)."""
+def store_address(master: str, multi_host: bool) -> str:
+    """The IPv4 address rank 0's store listens on: MASTER_ADDR's (`master`) as resolved
+    on rank 0's host, never 0.0.0.0, and never loopback when ranks run on other hosts."""
     try:
         bind = socket.gethostbyname(master)  # IPv4, as the store resolves it
     except OSError as exc:
         raise ValueError(f"MASTER_ADDR={master!r} does not resolve to an IPv4 address on "
                          f"rank 0's host: {exc}") from None
-    if bind.startswith("127.") and _multi_host(world):
+    if bind.startswith("127.") and multi_host:
         raise ValueError(
             f"MASTER_ADDR={master!r} resolves to {bind} on rank 0's host, a loopback address "
             "the other hosts cannot reach; set MASTER_ADDR to rank 0's address on the network "
             "the job uses (torchrun: --master-addr, or --local-addr with a c10d rendezvous)")
+    return bind
+
+
+def _start_store(master: str, port: int, secret: str, world: dict):
+    """Rank 0's store, listening on MASTER_ADDR's address only (never 0.0.0.0)."""
+    bind = store_address(master, _multi_host(world))
     try:
         return _C.StoreServer(bind, port, secret)
     except RuntimeError as exc:

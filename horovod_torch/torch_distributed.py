@@ -48,25 +48,6 @@ def _placement(hosts: List[str], rank: int) -> dict:
                 cross_size=sum(1 for h in order if counts[h] > local_rank))
 
 
-def _store_address(multi_host: bool) -> str:
-    """Where rank 0's rendezvous store listens: loopback on one host; else MASTER_ADDR
-    (or this host's name) resolved on this host, which must not be loopback."""
-    if not multi_host:
-        return "127.0.0.1"
-    name = os.environ.get("MASTER_ADDR") or socket.gethostname()
-    try:
-        address = socket.gethostbyname(name)
-    except OSError as exc:
-        raise ValueError(f"hvd backend: rank 0's host name {name!r} does not resolve to an "
-                         f"IPv4 address: {exc}") from None
-    if address.startswith("127."):
-        raise ValueError(
-            f"hvd backend: rank 0's address {name!r} resolves to {address}, a loopback "
-            "address the other hosts cannot reach; set MASTER_ADDR to rank 0's address on "
-            "the network the job uses")
-    return address
-
-
 def _start_through_store(store, rank: int, size: int) -> None:
     """Starts the engine for ranks that share torch's store `store` (module doc)."""
     global _server
@@ -76,7 +57,11 @@ def _start_through_store(store, rank: int, size: int) -> None:
     if rank == 0:
         try:
             secret = secrets.token_hex(16)
-            address = _store_address(world["local_size"] < size)
+            # One host: loopback; else MASTER_ADDR (or this host's name), not loopback.
+            address = "127.0.0.1"
+            if world["local_size"] < size:
+                master = os.environ.get("MASTER_ADDR") or socket.gethostname()
+                address = basics.store_address(master, multi_host=True)
             _server = _ext._C.StoreServer(address, 0, secret)
         except (ValueError, RuntimeError) as exc:
             # The others would wait for the address until torch's store times out.
@@ -115,7 +100,7 @@ def _create(opts, _backend_options):
             _server = None
             _start_through_store(opts.store, rank, size)
             _owned = True
-        elif ranks != list(range(basics.size())) or rank != basics.rank():
+        elif (rank, size) != (basics.rank(), basics.size()):
             raise ValueError(
                 f"hvd backend: this group (rank {rank} of {size}, global ranks {ranks}) is not "
                 f"hvd's world (rank {basics.rank()} of {basics.size()}); only the whole world "

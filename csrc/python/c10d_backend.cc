@@ -242,15 +242,10 @@ class HvdBackend : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override {
-    std::vector<Submission> subs;
-    for (auto& t : tensors) {
-      CheckDense(t, "broadcast");
-      Submission s = Sub(OpType::kBroadcast, t);
-      s.request.root = static_cast<int32_t>(opts.rootRank);
-      s.output = t;
-      subs.push_back(std::move(s));
-    }
-    return Run(c10d::OpType::BROADCAST, "broadcast", std::move(subs), tensors, nullptr);
+    return Run(c10d::OpType::BROADCAST, "broadcast",
+               EachTensor(OpType::kBroadcast, "broadcast", tensors, ReduceOp::kSum,
+                          static_cast<int32_t>(opts.rootRank), false),
+               tensors, nullptr);
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
@@ -267,15 +262,10 @@ class HvdBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                         const c10d::ReduceOptions& opts) override {
     // An allreduce whose result only the root keeps.
-    std::vector<Submission> subs;
-    for (auto& t : tensors) {
-      CheckDense(t, "reduce");
-      Submission s = Sub(OpType::kAllreduce, t);
-      s.request.op = OurOp(opts.reduceOp, "reduce");
-      s.output = opts.rootRank == getRank() ? t : at::empty_like(t);
-      subs.push_back(std::move(s));
-    }
-    return Run(c10d::OpType::REDUCE, "reduce", std::move(subs), tensors, nullptr);
+    return Run(c10d::OpType::REDUCE, "reduce",
+               EachTensor(OpType::kAllreduce, "reduce", tensors, OurOp(opts.reduceOp, "reduce"), 0,
+                          opts.rootRank != getRank()),
+               tensors, nullptr);
   }
 
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -496,16 +486,25 @@ class HvdBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> Allreduce(c10d::OpType type, const char* what,
                                            std::vector<at::Tensor>& tensors,
                                            const c10d::ReduceOp& op) {
+    return Run(type, what, EachTensor(OpType::kAllreduce, what, tensors, OurOp(op, what), 0, false),
+               tensors, nullptr);
+  }
+
+  // One op per tensor, its result written back into the tensor (discard_result: into a
+  // scratch tensor, the tensor left as it was).
+  std::vector<Submission> EachTensor(OpType type, const char* what,
+                                     const std::vector<at::Tensor>& tensors, ReduceOp op,
+                                     int32_t root, bool discard_result) const {
     std::vector<Submission> subs;
-    const ReduceOp ours = OurOp(op, what);
-    for (auto& t : tensors) {
+    for (const auto& t : tensors) {
       CheckDense(t, what);
-      Submission s = Sub(OpType::kAllreduce, t);
-      s.request.op = ours;
-      s.output = t;
+      Submission s = Sub(type, t);
+      s.request.op = op;
+      s.request.root = root;
+      s.output = discard_result ? at::empty_like(t) : t;
       subs.push_back(std::move(s));
     }
-    return Run(type, what, std::move(subs), tensors, nullptr);
+    return subs;
   }
 
   c10::intrusive_ptr<c10d::Work> AllgatherInto(c10d::OpType type, const char* what,
