@@ -26,7 +26,7 @@ export VIRTUAL_ENV := $(abspath $(VENV))
 
 # System packages (apt, when missing), the virtual environment, Python dependencies
 # and the package's metadata/entry points (horovodrun), once.
-$(STAMP): setup.py requirements-dev.txt tools/system-deps.sh
+$(STAMP): setup.py pyproject.toml requirements-dev.txt tools/system-deps.sh
 	@: > $(LOG)
 	@$(STAGE) "system packages (apt, only what is missing)" ./tools/system-deps.sh
 	@$(STAGE) "virtual environment $(VENV)" $(BOOTSTRAP_PYTHON) -m venv $(VENV)

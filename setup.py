@@ -9,7 +9,7 @@ import importlib.util
 import os
 import shutil
 
-from setuptools import find_packages, setup
+from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -219,21 +219,13 @@ if os.environ.get("HOROVOD_TORCH_SKIP_EXT") != "1":
           f"{__import__('torch').__version__}; about 10 minutes on 2 cores, less with "
           "more (MAX_JOBS=N limits the parallel jobs)", flush=True)
 
+# The project's metadata is in pyproject.toml; what it marks dynamic is given here.
 setup(
-    name="horovod_torch",
-    version="0.1.0",
-    description="Distributed data-parallel training for PyTorch with Horovod's API",
-    packages=find_packages(include=["horovod_torch", "horovod_torch.*", "horovod", "horovod.*"]),
     ext_modules=ext_modules,
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
-    entry_points={"console_scripts": ["horovodrun = horovod_torch.runner.launch:main"]},
-    python_requires=">=3.9",
     # numpy: tensors to bytes (broadcast_object, optimizer state); cloudpickle:
     # horovod.run's functions; packaging: version checks of horovod.common.util.
     # The extension loads only into the torch it was compiled against: pin that release
     # (as torchvision does), so that `pip install -U torch` does not break it unseen.
     install_requires=[TORCH_REQUIREMENT, "numpy", "cloudpickle", "packaging"],
-    # Integrations with the cluster engines users run (docs/integrations.md).
-    extras_require={"ray": ["ray>=2.6"], "spark": ["pyspark>=3.5"],
-                    "lightning": ["lightning>=2.1"]},
 )

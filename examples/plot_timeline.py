@@ -13,12 +13,11 @@ or call hvd.start_timeline(path) / hvd.stop_timeline() around the steps of inter
 """
 import argparse
 
-import matplotlib
+from horovod_torch import extras, timeline
 
+matplotlib = extras.require("matplotlib", "examples/plot_timeline.py")
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-
-from horovod_torch import timeline  # noqa: E402
 
 COLORS = {"NEGOTIATE": "#c7c7c7", "QUEUE": "#ffbb78", "MEMCPY_IN_FUSION_BUFFER": "#98df8a",
           "MEMCPY_OUT_FUSION_BUFFER": "#2ca02c"}

@@ -131,8 +131,8 @@ def _make_split(base, labels, size: int, rng):
 
 def _generate(train_size: int, test_size: int, seed: int) -> Dict[str, tuple]:
     import numpy as np
-    from sklearn.datasets import load_digits
-    digits = load_digits()
+    from horovod_torch import extras  # pylint: disable=import-outside-toplevel
+    digits = extras.require("sklearn.datasets", "the stand-in MNIST").load_digits()
     base = _base_images(digits.images)
     labels = np.asarray(digits.target)
     train_idx, test_idx = _split(labels, seed)

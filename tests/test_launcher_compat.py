@@ -431,7 +431,8 @@ def test_config_file_without_pyyaml(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     path = tmp_path / "c.yaml"
     path.write_text("params:\n  cache_capacity: 1\n")
     monkeypatch.setitem(sys.modules, "yaml", None)  # import yaml raises ImportError
-    with pytest.raises(ValueError, match=r"needs PyYAML, which is not installed"):
+    with pytest.raises(ValueError, match=r"--config-file .* needs the pyyaml package, which is not installed: "
+                       r"pip install 'horovod_torch\[config\]'"):
         launch.parse_args(["-np", "1", "--config-file", str(path), "true"], raise_errors=True)
 
 

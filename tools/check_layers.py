@@ -54,6 +54,7 @@ PY_LAYERS: List[Tuple[str, List[str]]] = [
               "horovod_torch.util", "horovod_torch.data", "horovod_torch.timeline",
               "horovod_torch._build_info", "horovod_torch.build_vars",
               "horovod_torch.elastic_keys", "horovod_torch.handle", "horovod_torch.launch_env",
+              "horovod_torch.extras",
               "horovod_torch.elastic.worker"]),
     ("runner", ["horovod_torch.runner"]),
     ("engine", ["horovod_torch._ext", "horovod_torch._C", "horovod_torch.basics"]),

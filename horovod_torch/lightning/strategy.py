@@ -32,6 +32,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 import horovod_torch as hvd
+from horovod_torch import extras
 
 try:
     from lightning.fabric.plugins import CheckpointIO
@@ -42,7 +43,12 @@ try:
     from lightning.pytorch.trainer.states import TrainerFn
     from lightning.pytorch.utilities.rank_zero import rank_zero_only
     _PACKAGE = "lightning"
-except ImportError:  # the standalone package (pip install pytorch-lightning)
+except ImportError as _no_lightning:  # the standalone package (pip install pytorch-lightning)
+    try:
+        import pytorch_lightning  # noqa: F401  pylint: disable=unused-import
+    except ImportError:
+        raise ImportError(extras.missing_message("lightning", "horovod_torch.lightning"),
+                          name="lightning") from _no_lightning
     from lightning_fabric.plugins import CheckpointIO
     from lightning_fabric.plugins.environments import ClusterEnvironment
     from lightning_fabric.utilities.seed import reset_seed

@@ -2,10 +2,14 @@
 workers are Ray actors; ``ElasticRayExecutor`` (or ``RayExecutor(min_workers=...)``)
 an elastic one, with Ray's nodes as the hosts. ``from horovod.ray import RayExecutor``
 gives these. See docs/integrations.md."""
-from horovod_torch.ray.worker import BaseHorovodWorker
-from horovod_torch.ray.runner import RayExecutor
-from horovod_torch.ray.elastic import ElasticRayExecutor, RayHostDiscovery
-from horovod_torch.ray import ray_logger
+from horovod_torch import extras
+
+extras.require("ray", "horovod_torch.ray")
+
+from horovod_torch.ray.worker import BaseHorovodWorker  # noqa: E402
+from horovod_torch.ray.runner import RayExecutor  # noqa: E402
+from horovod_torch.ray.elastic import ElasticRayExecutor, RayHostDiscovery  # noqa: E402
+from horovod_torch.ray import ray_logger  # noqa: E402
 
 __all__ = ["RayExecutor", "BaseHorovodWorker", "ElasticRayExecutor", "RayHostDiscovery",
            "ray_logger"]

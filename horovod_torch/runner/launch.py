@@ -36,7 +36,7 @@ import subprocess
 import sys
 from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 
-from horovod_torch import config
+from horovod_torch import config, extras
 from horovod_torch.runner import driver, hosts, network, remote
 
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
@@ -411,10 +411,9 @@ def _apply_config_file(parser: argparse.ArgumentParser, args: argparse.Namespace
     """--config-file: fills in what the command line left unset (Horovod's rule)."""
     where = f"--config-file {args.config_file}"
     try:
-        import yaml  # pylint: disable=import-outside-toplevel
-    except ImportError:
-        parser.error(f"{where} needs PyYAML, which is not installed "
-                     "(pip install pyyaml)")
+        yaml = extras.require("yaml", where)
+    except ImportError as exc:
+        parser.error(str(exc))
     try:
         with open(args.config_file, encoding="utf-8") as f:
             data = yaml.safe_load(f)

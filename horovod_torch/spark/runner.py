@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
 
+from horovod_torch import extras
 from horovod_torch.runner import func as run_func
 from horovod_torch.runner import network
 from horovod_torch.spark import task as spark_task
@@ -42,10 +43,7 @@ def _next_job_id() -> int:
 
 
 def _spark_context():
-    try:
-        import pyspark  # pylint: disable=import-outside-toplevel
-    except ImportError:
-        raise ImportError("horovod_torch.spark needs pyspark (pip install pyspark)") from None
+    pyspark = extras.require("pyspark", "horovod_torch.spark")
     sc = pyspark.SparkContext._active_spark_context  # pylint: disable=protected-access
     if sc is None:
         raise RuntimeError("Could not find an active SparkContext, are you running in a "
