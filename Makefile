@@ -16,31 +16,41 @@ DATA ?= data
 LOG ?= .setup.log
 
 PYTHON := $(abspath $(VENV))/bin/python
+BUILD_STAMP := $(VENV)/.build.stamp
 STAMP := $(VENV)/.setup.stamp
 STAGE := ./tools/stage.sh $(LOG)
 # horovodrun, pytest and python resolve to the virtual environment's.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export VIRTUAL_ENV := $(abspath $(VENV))
 
-.PHONY: setup build demo demo-plain test test-fast pytest cpp-test cpp-check bench clean distclean
+.PHONY: setup setup-build build demo demo-plain test test-fast pytest cpp-test cpp-check bench clean distclean
 
-# System packages (apt, when missing), the virtual environment, Python dependencies
-# and the package's metadata/entry points (horovodrun), once.
-$(STAMP): setup.py pyproject.toml requirements-dev.txt tools/system-deps.sh
+# What building and the demo need, once: the compiler (apt, when missing), the virtual
+# environment, torch, the build tools (setuptools, ninja) and the package in editable
+# mode with its dependencies and its examples' (the [examples] extra; horovodrun).
+$(BUILD_STAMP): setup.py pyproject.toml tools/system-deps.sh
 	@: > $(LOG)
-	@$(STAGE) "system packages (apt, only what is missing)" ./tools/system-deps.sh
+	@$(STAGE) "system packages for the build (apt, only what is missing)" ./tools/system-deps.sh build
 	@$(STAGE) "virtual environment $(VENV)" $(BOOTSTRAP_PYTHON) -m venv $(VENV)
 	@$(STAGE) "torch and torchvision (about 3 min the first time)" sh -c \
 	    '$(PYTHON) -c "import torch, torchvision" 2>/dev/null || $(PYTHON) -m pip install $(TORCH_PINS)'
-	@$(STAGE) "test and example dependencies" $(PYTHON) -m pip install -r requirements-dev.txt
-	@$(STAGE) "horovod_torch package and horovodrun (editable)" env HOROVOD_TORCH_SKIP_EXT=1 \
-	    $(PYTHON) -m pip install --no-build-isolation --no-deps -e .
+	@$(STAGE) "build tools (setuptools, ninja)" $(PYTHON) -m pip install "setuptools>=77" ninja
+	@$(STAGE) "horovod_torch package and horovodrun (editable), with the examples' dependencies" \
+	    env HOROVOD_TORCH_SKIP_EXT=1 $(PYTHON) -m pip install --no-build-isolation -e ".[examples]"
 	@touch $@
 
+# What the tests add, once: the other apt packages (clang, GoogleTest, OpenMPI, sshd, a
+# Java runtime) and the Python test dependencies (every extra among them).
+$(STAMP): $(BUILD_STAMP) requirements-dev.txt tools/system-deps.sh
+	@$(STAGE) "system packages for the tests (apt, only what is missing)" ./tools/system-deps.sh test
+	@$(STAGE) "test dependencies" $(PYTHON) -m pip install -r requirements-dev.txt
+	@touch $@
+
+setup-build: $(BUILD_STAMP)
 setup: $(STAMP)
 
 # The C++ extension, built in place and incrementally (ninja).
-build: setup
+build: setup-build
 	@$(STAGE) "C++ extension horovod_torch._C (about 10 min on 2 cores the first time)" \
 	    $(PYTHON) setup.py build_ext --inplace
 
@@ -68,19 +78,20 @@ cpp-check: setup
 	@$(STAGE) "C++ lock annotations checked by clang -Wthread-safety (about 2 min)" \
 	    ./tools/check_thread_safety.sh $(PYTHON)
 
-pytest: build
+pytest: setup build
 	$(PYTHON) -m pytest tests -q -rs -m "not gpu"
 
-test: build cpp-test cpp-check pytest
+# setup before build: the tests' apt packages (OpenMPI) are then there to be built in.
+test: setup build cpp-test cpp-check pytest
 
-test-fast: build cpp-test
+test-fast: setup build cpp-test
 	$(PYTHON) -m pytest -q -rs $$(grep -v '^#' tests/fast.txt)
 
 bench: build
 	$(PYTHON) bench/allreduce_cpu.py
 
 clean:
-	rm -rf build tests/cpp/build horovod_torch/*.so horovod_torch/_build_info.py *.egg-info $(STAMP)
+	rm -rf build tests/cpp/build horovod_torch/*.so horovod_torch/_build_info.py *.egg-info $(STAMP) $(BUILD_STAMP)
 
 distclean: clean
 	rm -rf $(VENV) $(LOG)
