@@ -31,6 +31,23 @@ def timeline_run(kill: str = "0") -> None:
     hvd.shutdown()
 
 
+def timeline_training(steps: str = "6") -> None:
+    """A small model trained with DistributedOptimizer: each step both ranks compute
+    for 30 ms, and rank 1 for 20 ms more, so the coordinator waits for it."""
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    for _ in range(int(steps)):
+        time.sleep(0.03 + (0.02 if hvd.rank() == 1 else 0.0))
+        opt.zero_grad()
+        model(torch.ones(4, 8)).sum().backward()
+        opt.step()
+    hvd.shutdown()
+
+
 def timeline_dynamic(path: str) -> None:
     """HOROVOD_TIMELINE=DYNAMIC: only ops between start and stop are recorded."""
     hvd.init()

@@ -97,6 +97,48 @@ def test_plot_timeline_example_renders_a_png(tmp_path):
     assert png.stat().st_size > 10_000
 
 
+def test_steps_split_compute_wait_and_communication():
+    """timeline.steps on hand-made spans: two gradients a and b, three rounds; a
+    broadcast seen once falls in the first step."""
+    def span(tensor, name, start, end):
+        return {"tensor": tensor, "name": name, "start": start, "end": end, "depth": 0}
+    spans = [span("bcast", "NEGOTIATE_BROADCAST", 0, 5), span("bcast", "BROADCAST", 5, 10)]
+    for i in range(3):
+        t = 100 + 1000 * i  # compute until t; b is asked for at t, a at t + 200 (late rank)
+        spans += [span("b", "NEGOTIATE_ALLREDUCE", t, t + 300),
+                  span("a", "NEGOTIATE_ALLREDUCE", t + 200, t + 300),
+                  span("a", "ALLREDUCE", t + 300, t + 400), span("b", "ALLREDUCE", t + 300, t + 400),
+                  {"tensor": "a", "name": "QUEUE", "start": t + 300, "end": t + 310, "depth": 1}]
+    steps = timeline.steps(spans)
+    assert [(s["start"], s["end"]) for s in steps] == [(100, 1100), (1100, 2100), (2100, 2500)]
+    for s in steps:
+        assert s["wait"] == 300 and s["comm"] == 100, s
+    assert [s["compute"] for s in steps] == [600, 600, 0]
+    assert timeline.steps([]) == []
+
+
+def test_plot_timeline_of_training_shows_steps_and_the_wait(tmp_path):
+    path, png = tmp_path / "timeline.json", tmp_path / "timeline.png"
+    run_workers("tests.observe_workers:timeline_training", 2, args=["6"], timeout=120,
+                env={"HOROVOD_TIMELINE": str(path)})
+    steps = timeline.steps(timeline.spans(timeline.load(path)))
+    assert len(steps) == 6, steps
+    middle = sorted(steps[1:-1], key=lambda s: s["wait"])[len(steps[1:-1]) // 2]
+    # Rank 1 computes 20 ms longer each step: rank 0 waits for it; both compute 30 ms.
+    assert middle["wait"] >= 10_000, steps
+    assert middle["compute"] >= 20_000, steps
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "plot_timeline.py"),
+                          str(path), str(png), "--steps", "2:3"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "6 steps, steps 2-3:" in out.stdout, out.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "plot_timeline.py"),
+                          str(path), str(png), "--steps", "4:9"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "the file holds steps 0:5" in bad.stderr, bad.stderr
+
+
 def test_horovodrun_knob_flags_reach_the_workers(tmp_path):
     timeline_path, log = tmp_path / "t.json", tmp_path / "autotune.csv"
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1",
