@@ -51,7 +51,7 @@ setup: $(STAMP)
 
 # The C++ extension, built in place and incrementally (ninja).
 build: setup-build
-	@$(STAGE) "C++ extension horovod_torch._C (about 10 min on 2 cores the first time)" \
+	@$(STAGE) "C++ extension horovod_torch._C (about 3 min on 2 cores the first time)" \
 	    $(PYTHON) setup.py build_ext --inplace
 
 SYNC_DIR ?= /tmp/horovod_torch_demo

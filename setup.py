@@ -216,7 +216,7 @@ if os.environ.get("HOROVOD_TORCH_SKIP_EXT") != "1":
     ]
     # pip shows nothing while this compiles (pip install -v . shows ninja's progress).
     print(f"horovod_torch: compiling {len(sources)} C++ files against torch "
-          f"{__import__('torch').__version__}; about 10 minutes on 2 cores, less with "
+          f"{__import__('torch').__version__}; about 3 minutes on 2 cores, less with "
           "more (MAX_JOBS=N limits the parallel jobs)", flush=True)
 
 # The project's metadata is in pyproject.toml; what it marks dynamic is given here.
