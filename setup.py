@@ -1,6 +1,6 @@
 """Builds horovod_torch and its C++ core, horovod_torch._C.
 
-Optional parts are whole source folders compiled or not (DESIGN.md §2). Each is
+Optional parts are whole source folders compiled or not (docs/design.md §2). Each is
 detected; HOROVOD_WITH_<PART>=1 forces it on (a build error if it cannot be built),
 HOROVOD_WITHOUT_<PART>=1 forces it off.
 """
@@ -143,7 +143,7 @@ sources = [s for d in CORE_DIRS for s in _sources(d)]
 include_dirs = [os.path.join(ROOT, "csrc")]
 libraries, library_dirs, runtime_dirs = [], [], []
 if WITH_NCCL:
-    # The NCCL registry replaces the no-GPU one (DESIGN.md §2: whole files, no #ifdef).
+    # The NCCL registry replaces the no-GPU one (docs/design.md §2: whole files, no #ifdef).
     sources = [s for s in sources if not s.endswith("no_gpu.cc")] + _sources("nccl")
     include_dirs += [NCCL[0], CUDA_INCLUDE]
     libraries += ["c10_cuda", "torch_cuda", ":" + os.path.basename(

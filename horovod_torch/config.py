@@ -29,6 +29,9 @@ LAUNCHER_VARS: List[Tuple[str, str, str]] = [
      "mpi: run over MPI (default under mpirun in MPI builds); gloo: the TCP transport."),
     ("HOROVOD_DYNAMIC_PROCESS_SETS", "(user)",
      "1: allow hvd.add_process_set() / remove_process_set() after init."),
+    ("HOROVOD_SPARK_START_TIMEOUT", "(user)",
+     "Seconds horovod_torch.spark.run waits for all its tasks to start when not given "
+     "start_timeout (default 600)."),
 ]
 
 
@@ -119,15 +122,27 @@ def start_timeout_s(parse: Callable[[str], _T] = float, lenient: bool = False) -
     return parse(str(DEFAULT_START_TIMEOUT_S))
 
 
+SPARK_START_TIMEOUT_ENV = "HOROVOD_SPARK_START_TIMEOUT"
+DEFAULT_SPARK_START_TIMEOUT_S = 600.0
+
+
+def spark_start_timeout_s() -> float:
+    """$HOROVOD_SPARK_START_TIMEOUT in seconds (DEFAULT_SPARK_START_TIMEOUT_S when unset or
+    empty); a value that is not a number raises ValueError naming the variable."""
+    value = os.environ.get(SPARK_START_TIMEOUT_ENV)
+    if not value:
+        return DEFAULT_SPARK_START_TIMEOUT_S
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"environment variable {SPARK_START_TIMEOUT_ENV}={value!r} is not "
+                         "a number of seconds") from None
+
+
 def knob_flags(env: str) -> List[str]:
     """The horovodrun options that set `env` (with their metavar), in KNOB_FLAGS order."""
     return [k.flags[0] + (f" {k.metavar}" if k.metavar else "")
             for k in KNOB_FLAGS if k.env == env]
-
-
-def knob_flag(env: str) -> str:
-    """The horovodrun option(s) that set `env` (``--a / --no-a``), or an empty string."""
-    return " / ".join(knob_flags(env))
 
 
 # Variables horovodrun sets from Horovod's options although the engine does not read

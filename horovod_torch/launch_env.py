@@ -42,6 +42,7 @@ class LaunchEnv:
     store_host: str  # HOROVOD_STORE_ADDR ("" unset)
     store_port: int  # HOROVOD_STORE_PORT (0 unset)
     secret: str  # HOROVOD_SECRET
+    hostname: str  # HOROVOD_HOSTNAME: the launcher's name for this host ("" unset)
     master_addr: str  # MASTER_ADDR (torchrun and friends; "" unset)
     master_port: Optional[int]  # MASTER_PORT
     controller: str  # HOROVOD_CONTROLLER, lower-cased ("" unset)
@@ -137,6 +138,7 @@ def read(environ: Optional[Mapping[str, str]] = None) -> LaunchEnv:
         store_host=env.get("HOROVOD_STORE_ADDR", ""),
         store_port=_int(env, "HOROVOD_STORE_PORT", default=0),
         secret=env.get("HOROVOD_SECRET", ""),
+        hostname=env.get("HOROVOD_HOSTNAME", ""),
         master_addr=env.get("MASTER_ADDR", ""),
         master_port=_int(env, "MASTER_PORT"),
         controller=env.get("HOROVOD_CONTROLLER", "").lower(),

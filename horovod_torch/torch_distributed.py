@@ -14,7 +14,6 @@ created:
   secret, and the engine it starts belongs to the backend: destroying the group and
   creating a new one (say, with the survivors of a failure) starts a new engine.
 """
-import os
 import secrets
 import socket
 import threading
@@ -23,7 +22,7 @@ from typing import List
 import torch  # noqa: F401  (loads libtorch before the extension)
 import torch.distributed as dist
 
-from horovod_torch import _ext, basics
+from horovod_torch import _ext, basics, launch_env
 
 NAME = "hvd"
 _KEY = "horovod_torch/c10d"  # the keys this module writes in the group's store
@@ -33,7 +32,7 @@ _server = None  # rank 0: the engine's rendezvous store, while its engine runs
 
 
 def _hostname() -> str:
-    return os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+    return launch_env.read().hostname or socket.gethostname()
 
 
 def _placement(hosts: List[str], rank: int) -> dict:
@@ -60,7 +59,7 @@ def _start_through_store(store, rank: int, size: int) -> None:
             # One host: loopback; else MASTER_ADDR (or this host's name), not loopback.
             address = "127.0.0.1"
             if world["local_size"] < size:
-                master = os.environ.get("MASTER_ADDR") or socket.gethostname()
+                master = launch_env.read().master_addr or socket.gethostname()
                 address = basics.store_address(master, multi_host=True)
             _server = _ext._C.StoreServer(address, 0, secret)
         except (ValueError, RuntimeError) as exc:

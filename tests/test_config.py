@@ -73,3 +73,16 @@ def test_horovod_gloo_timeout_bounds_the_rendezvous():
     results = run_workers("tests.workers:missing_rank_times_out", 2, timeout=60,
                           env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "2"})
     assert "gave up after" in results[0].output
+
+
+def test_spark_start_timeout_is_a_listed_knob_and_a_bad_value_is_named(monkeypatch):
+    import horovod_torch.spark as spark
+    from horovod_torch import config
+    monkeypatch.setenv("HOROVOD_SPARK_START_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="HOROVOD_SPARK_START_TIMEOUT='soon' is not a number"):
+        spark.run(print, num_proc=1)
+    monkeypatch.setenv("HOROVOD_SPARK_START_TIMEOUT", "12.5")
+    assert config.spark_start_timeout_s() == 12.5
+    monkeypatch.delenv("HOROVOD_SPARK_START_TIMEOUT")
+    assert config.spark_start_timeout_s() == 600
+    assert any(v == "HOROVOD_SPARK_START_TIMEOUT" for v, _, _ in config.LAUNCHER_VARS)

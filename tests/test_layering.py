@@ -34,3 +34,14 @@ def test_python_arrows_against_the_layering_are_found():
     assert check_layers.py_allowed("integrations", "runner")
     assert check_layers.cycles({"a": {"b"}, "b": {"a"}}) == [["a", "b", "a"]]
     assert check_layers.cycles({"pkg": {"pkg.x"}, "pkg.x": {"pkg"}}) == []
+
+
+def test_environment_reads_outside_launch_env_and_config_are_found(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("import os\nfrom os import environ\nx = os.environ.get('HOROVOD_RANK')\n"
+                 "y = os.getenv('A')\nz = environ['B']\nos.path.join('a', 'b')\n")
+    assert check_layers.environ_uses(f) == [2, 3, 4]
+    # The package itself: only the modules ENVIRON_MODULES names (and the runner) do it.
+    assert check_layers.check_environ() == []
+    assert "horovod_torch.lightning.strategy" not in check_layers.ENVIRON_MODULES
+    assert "horovod_torch.torch_distributed" not in check_layers.ENVIRON_MODULES

@@ -154,6 +154,49 @@ def _is_module(name: str) -> bool:
             or any((ROOT / rel.parent).glob(rel.name + ".*.so")))
 
 
+# The modules that may touch os.environ (docs/design.md §1): one reads what a launcher
+# says, one holds the knobs; the rest set the variables of a process they start or
+# host, as horovodrun does for its workers, or are not the running library at all.
+ENVIRON_MODULES: Dict[str, str] = {
+    "horovod_torch.launch_env": "reads what the launcher said",
+    "horovod_torch.config": "holds the knobs",
+    "horovod_torch.build_vars": "Horovod's build variables, read by setup.py",
+    "horovod_torch.util": "Horovod's util.env(): sets variables for a with-block",
+    "horovod_torch.ray.worker": "a Ray actor's launcher: sets horovodrun's variables in it",
+    "horovod_torch.ray.elastic": "a Ray actor's launcher: sets its CUDA_VISIBLE_DEVICES",
+    "horovod_torch.spark.task": "a Spark task's launcher: the environment of its rank",
+}
+
+
+def environ_uses(path: Path) -> List[int]:
+    """Lines of `path` that touch the process environment (os.environ, os.getenv,
+    os.putenv, os.unsetenv, or environ imported from os)."""
+    tree = ast.parse(path.read_text(), str(path))
+    lines = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id == "os"
+                and node.attr in ("environ", "environb", "getenv", "putenv", "unsetenv")):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module == "os" and any(
+                a.name in ("environ", "getenv", "putenv") for a in node.names):
+            lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def check_environ() -> List[str]:
+    errors = []
+    for f in sorted((ROOT / "horovod_torch").rglob("*.py")):
+        module = _module_name(f)
+        if module.startswith("horovod_torch.runner") or module in ENVIRON_MODULES:
+            continue
+        for line in environ_uses(f):
+            errors.append(f"{f.relative_to(ROOT)}:{line}: reads or writes the environment; "
+                          "launch variables go through horovod_torch.launch_env, knobs "
+                          "through horovod_torch.config")
+    return errors
+
+
 def check_python() -> List[str]:
     errors = []
     graph: Dict[str, Set[str]] = {}
@@ -201,7 +244,7 @@ def cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
 
 
 def main() -> int:
-    errors = check_cpp() + check_python()
+    errors = check_cpp() + check_python() + check_environ()
     for e in errors:
         print(e)
     if errors:

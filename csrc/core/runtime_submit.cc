@@ -261,7 +261,7 @@ Status Runtime::Submit(std::vector<Submission> subs,
   return Status::Ok();
 }
 
-// The background loop (DESIGN.md §3): sleep until work arrives or the cycle time
+// The background loop (docs/design.md §3): sleep until work arrives or the cycle time
 // passes, negotiate, execute. Any transport error ends the loop and fails every
 // pending and future op; the sockets are shut so peers notice at once too.
 }  // namespace hvd

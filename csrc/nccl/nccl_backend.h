@@ -1,4 +1,4 @@
-// NCCL data plane for CUDA tensors (DESIGN.md §4).
+// NCCL data plane for CUDA tensors (docs/design.md §8).
 //
 // - One communicator per device, created on first use from a unique id that rank 0
 //   sends over the control plane (every rank reaches that point at the same
@@ -16,7 +16,7 @@
 // - Completion: a done event recorded after the op completes the handle at once;
 //   synchronize() makes the caller's stream wait on it. The background loop never
 //   waits for the GPU; it only asks Busy() (is the oldest unfinished op moving
-//   data?) to decide whether new allreduces should gather a while (DESIGN.md §8).
+//   data?) to decide whether new allreduces should gather a while (docs/design.md §8).
 // - Failure: Check() (every 100 ms from the loop) reports NCCL's asynchronous
 //   error, or an op still running op_timeout_s after it started; the Runtime then
 //   fails the engine and Abort()s the communicators, which ends their kernels.

@@ -32,7 +32,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 import horovod_torch as hvd
-from horovod_torch import extras
+from horovod_torch import extras, launch_env
 
 try:
     from lightning.fabric.plugins import CheckpointIO
@@ -108,18 +108,18 @@ class HorovodEnvironment(ClusterEnvironment):
 
     @property
     def main_address(self) -> str:
-        import os  # pylint: disable=import-outside-toplevel
-        return os.environ.get("HOROVOD_STORE_ADDR") or os.environ.get("MASTER_ADDR") or "127.0.0.1"
+        env = launch_env.read()
+        return env.store_host or env.master_addr or "127.0.0.1"
 
     @property
     def main_port(self) -> int:
-        import os  # pylint: disable=import-outside-toplevel
-        return int(os.environ.get("HOROVOD_STORE_PORT") or os.environ.get("MASTER_PORT") or 0)
+        env = launch_env.read()
+        return env.store_port or env.master_port or 0
 
     @staticmethod
     def detect() -> bool:
-        import os  # pylint: disable=import-outside-toplevel
-        return bool(os.environ.get("HOROVOD_RANK"))
+        placement = launch_env.read().placement
+        return placement is not None and placement.launcher == "horovodrun"
 
     def world_size(self) -> int:
         return hvd.size()

@@ -146,7 +146,8 @@ class BaseHorovodWorker:
             if exc.code in (0, None):
                 return REMOVED
             raise RuntimeError(f"the function called sys.exit({exc.code!r})") from None
-        rank = int(os.environ.get("HOROVOD_RANK", "0"))
+        placement = launch_env.read().placement
+        rank = placement.rank if placement is not None else 0
         basics = sys.modules.get("horovod_torch.basics")
         if basics is not None:
             try:

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
 
-from horovod_torch import extras
+from horovod_torch import config, extras
 from horovod_torch.runner import func as run_func
 from horovod_torch.runner import network
 from horovod_torch.spark import task as spark_task
@@ -270,7 +270,7 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[dict]
         raise ValueError("horovod_torch.spark.run runs on the TCP transport (Horovod's "
                          "Gloo controller); use_mpi=True is not supported")
     if start_timeout is None:
-        start_timeout = float(os.environ.get("HOROVOD_SPARK_START_TIMEOUT", "600"))
+        start_timeout = config.spark_start_timeout_s()
     if isinstance(nics, str):
         nics = [nics]
     sc = _spark_context()
