@@ -305,13 +305,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return args
 
 
-def ensure_data(python: str, data_dir: str, env: Dict[str, str]) -> int:
+def ensure_data(python: str, data_dir: str, env: Dict[str, str], cwd: str) -> int:
     """Writes MNIST-format data to data_dir unless some is there already."""
     if os.path.exists(os.path.join(data_dir, "MNIST", "raw", "train-images-idx3-ubyte")):
         return 0
     say(f"writing MNIST-format data to {data_dir}")
     return subprocess.call([python, "-m", "horovod_torch.data", "mnist", data_dir],
-                           cwd=REPO, env=env)
+                           cwd=cwd, env=env)
 
 
 def job_command(args: argparse.Namespace) -> List[str]:
@@ -354,11 +354,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         del env["PYTHONPATH"]
     env["OCI__SYNC_DIR"] = args.sync_dir
     env["PYTHONUNBUFFERED"] = "1"
-    rc = ensure_data(args.python, args.data_dir, env)
+    # The job runs in the sync folder: `python -m` puts the working directory first on
+    # the path, and an unbuilt checkout there would hide an installed horovod_torch.
+    os.makedirs(args.sync_dir, exist_ok=True)
+    rc = ensure_data(args.python, args.data_dir, env, cwd=args.sync_dir)
     if rc != 0:
         say(f"could not write the data (exit code {rc})")
         return rc
-    os.makedirs(args.sync_dir, exist_ok=True)
     if args.np != 2 and not env.get("HOROVOD_DISCOVERY_HOSTS"):
         # discover_hosts.sh offers localhost:2 unless pointed at a host:slots file.
         env["HOROVOD_DISCOVERY_HOSTS"] = os.path.join(args.sync_dir, "demo_hosts")
@@ -368,7 +370,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     cmd = job_command(args)
     say("running: OCI__SYNC_DIR=" + args.sync_dir + " " + " ".join(
         os.path.relpath(c, os.getcwd()) if c.startswith(REPO) else c for c in cmd))
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen(cmd, cwd=args.sync_dir, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     watch = Watch(fault=not args.no_fault, kill_after=args.kill_after, launcher_pid=proc.pid)
     readers = [threading.Thread(target=pump, args=(s, o, watch), daemon=True)

@@ -9,6 +9,7 @@ stage; ``hvd.init()`` joins the job exactly as under horovodrun. With a real clu
 pass ``--master spark://host:7077`` (every executor needs torch and horovod_torch).
 """
 import argparse
+import glob
 import os
 import sys
 
@@ -55,11 +56,14 @@ def main():
     parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args()
 
-    # Executors started by this script import horovod_torch from this checkout too.
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    # Run from a checkout whose extension is built in place (`make build`): this script
+    # and the executors it starts import horovod_torch from it. An unbuilt checkout
+    # would hide an installed horovod_torch, so it is left off the path.
+    if glob.glob(os.path.join(ROOT, "horovod_torch", "_C*.so")):
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+        sys.path.insert(0, ROOT)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the executors' Python
-    sys.path.insert(0, ROOT)
     from pyspark.sql import SparkSession
     import horovod.spark
 

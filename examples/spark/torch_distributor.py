@@ -7,6 +7,7 @@ needs no change. On a laptop:
 ``local_mode=True`` runs torchrun on the driver; on a cluster, ``local_mode=False``
 runs it in Spark tasks (then pyspark also needs pandas and pyarrow).
 """
+import glob
 import os
 import sys
 
@@ -37,10 +38,14 @@ def train(steps, lr):
 
 
 def main():
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    # Run from a checkout whose extension is built in place (`make build`): this script
+    # and the executors it starts import horovod_torch from it. An unbuilt checkout
+    # would hide an installed horovod_torch, so it is left off the path.
+    if glob.glob(os.path.join(ROOT, "horovod_torch", "_C*.so")):
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+        sys.path.insert(0, ROOT)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the executors' Python
-    sys.path.insert(0, ROOT)
     from pyspark.ml.torch.distributor import TorchDistributor
     from pyspark.sql import SparkSession
 
