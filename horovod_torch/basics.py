@@ -1,6 +1,7 @@
 """init / shutdown / topology queries, and the bridge to the C++ core's status codes."""
 import atexit
 import hashlib
+import ipaddress
 import os
 import secrets
 import socket
@@ -84,14 +85,25 @@ def _multi_host(world: dict) -> bool:
 
 
 def store_address(master: str, multi_host: bool) -> str:
-    """The IPv4 address rank 0's store listens on: MASTER_ADDR's (`master`) as resolved
-    on rank 0's host, never 0.0.0.0, and never loopback when ranks run on other hosts."""
+    """The address rank 0's store listens on: MASTER_ADDR's (`master`, a name or an IPv4
+    or IPv6 address) as resolved on rank 0's host, IPv4 first as the store resolves it,
+    never a wildcard, and never loopback when ranks run on other hosts."""
+    name = master[1:-1] if master.startswith("[") and master.endswith("]") else master
     try:
-        bind = socket.gethostbyname(master)  # IPv4, as the store resolves it
+        infos = socket.getaddrinfo(name, None, socket.AF_UNSPEC, socket.SOCK_STREAM)
     except OSError as exc:
-        raise ValueError(f"MASTER_ADDR={master!r} does not resolve to an IPv4 address on "
-                         f"rank 0's host: {exc}") from None
-    if bind.startswith("127.") and multi_host:
+        raise ValueError(f"MASTER_ADDR={master!r} does not resolve on rank 0's host: "
+                         f"{exc}") from None
+    addrs = sorted((i for i in infos if i[0] in (socket.AF_INET, socket.AF_INET6)),
+                   key=lambda i: i[0] != socket.AF_INET)
+    if not addrs:
+        raise ValueError(f"MASTER_ADDR={master!r} has no IPv4 or IPv6 address on rank 0's host")
+    bind = addrs[0][4][0]
+    ip = ipaddress.ip_address(bind.split("%")[0])
+    if ip.is_unspecified:
+        raise ValueError(f"MASTER_ADDR={master!r} is a wildcard address ({bind}); name rank "
+                         "0's host or its address on the network the job uses")
+    if ip.is_loopback and multi_host:
         raise ValueError(
             f"MASTER_ADDR={master!r} resolves to {bind} on rank 0's host, a loopback address "
             "the other hosts cannot reach; set MASTER_ADDR to rank 0's address on the network "

@@ -67,7 +67,10 @@ def _length(intervals: List[Tuple[float, float]]) -> float:
     return sum(b - a for a, b in intervals)
 
 
-def _minus(xs: List[Tuple[float, float]], ys: List[Tuple[float, float]]) -> List[Tuple[float, float]]:
+Intervals = List[Tuple[float, float]]
+
+
+def _minus(xs: Intervals, ys: Intervals) -> Intervals:
     """The parts of the (disjoint, sorted) intervals xs outside the (disjoint, sorted) ys."""
     out = []
     for a, b in xs:

@@ -70,7 +70,8 @@ class Installed:
 
 
 def _explain(proc: subprocess.CompletedProcess) -> str:
-    return f"rc={proc.returncode}\n--- stdout\n{proc.stdout[-5000:]}\n--- stderr\n{proc.stderr[-3000:]}"
+    return (f"rc={proc.returncode}\n--- stdout\n{proc.stdout[-5000:]}\n"
+            f"--- stderr\n{proc.stderr[-3000:]}")
 
 
 @pytest.fixture(scope="module")

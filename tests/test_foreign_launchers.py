@@ -61,6 +61,25 @@ def test_slurm_and_openmpi_variables(launcher):
                                                                        ("1", "1", "1")]
 
 
+@pytest.mark.parametrize("master", ["::1", "[::1]"])
+def test_ipv6_master_address(master):
+    """MASTER_ADDR=::1: rank 0's store listens on IPv6 loopback, the mesh listens where
+    each rank reaches the store from (::1), and, shared memory off, the allreduce's
+    bytes cross IPv6 sockets. Before: "does not resolve to an IPv4 address"."""
+    port = master_port()
+    procs = []
+    for r in range(2):
+        env = _clean_env(MASTER_ADDR=master, MASTER_PORT=str(port), SLURM_PROCID=str(r),
+                         SLURM_NTASKS="2", SLURM_NNODES="1", SLURM_LOCALID=str(r),
+                         SLURM_NODEID="0", SLURM_JOB_ID="43", HOROVOD_SHM_CONTROL="0",
+                         HOROVOD_HIERARCHICAL_ALLREDUCE="0", HOROVOD_HIERARCHICAL_ALLGATHER="0")
+        procs.append(subprocess.Popen([sys.executable, PROBE], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert [(p["rank"], p["sum"]) for p in _probes("".join(outs))] == [("0", "1"), ("1", "1")]
+
+
 def test_foreign_launcher_without_address_is_a_clear_error():
     env = _clean_env(RANK="0", WORLD_SIZE="2")
     out = subprocess.run([sys.executable, PROBE], env=env, capture_output=True, text=True,

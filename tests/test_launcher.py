@@ -168,6 +168,23 @@ def test_is_local_host() -> None:
     assert not hosts.is_local_host("remote-host.invalid")
 
 
+def test_addresses_of_either_family() -> None:
+    """The store's address is chosen among IPv4 and IPv6 ones (IPv4 first, as the C++
+    side resolves); before, an IPv6-only host had "no address"."""
+    from horovod_torch.runner import network
+    assert network.resolve("127.0.0.1") == "127.0.0.1"
+    assert network.resolve("::1") == network.resolve("[::1]") == network.resolve("u@[::1]") == "::1"
+    assert network.resolve("localhost") == "127.0.0.1"  # IPv4 first for a name with both
+    assert network.route_source("::1") == "::1"
+    assert network.route_source("[::1]") == "::1"
+    assert network.is_own_address("::1") and network.is_own_address("127.0.0.1")
+    assert not network.is_own_address("2001:db8::1")  # documentation prefix: not ours
+    assert network.interface_ipv6("lo") is None  # loopback and link-local are not offered
+    with pytest.raises(ValueError, match="cannot resolve"):
+        network.resolve("no-such-host.invalid")
+    assert hosts.parse_hosts("[::1]:2")[0].hostname == "::1"
+
+
 # -- command line -------------------------------------------------------------
 
 def test_help_is_fast_and_does_not_load_the_extension() -> None:

@@ -107,7 +107,8 @@ def test_steps_split_compute_wait_and_communication():
         t = 100 + 1000 * i  # compute until t; b is asked for at t, a at t + 200 (late rank)
         spans += [span("b", "NEGOTIATE_ALLREDUCE", t, t + 300),
                   span("a", "NEGOTIATE_ALLREDUCE", t + 200, t + 300),
-                  span("a", "ALLREDUCE", t + 300, t + 400), span("b", "ALLREDUCE", t + 300, t + 400),
+                  span("a", "ALLREDUCE", t + 300, t + 400),
+                  span("b", "ALLREDUCE", t + 300, t + 400),
                   {"tensor": "a", "name": "QUEUE", "start": t + 300, "end": t + 310, "depth": 1}]
     steps = timeline.steps(spans)
     assert [(s["start"], s["end"]) for s in steps] == [(100, 1100), (1100, 2100), (2100, 2500)]

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include "common/logging.h"
 #include "common/sha256.h"
@@ -45,19 +46,52 @@ Status WaitFd(int fd, short events, Clock::time_point deadline, const char* what
   }
 }
 
-Status Resolve(const std::string& host, int port, sockaddr_storage* addr, socklen_t* len) {
+struct Address {
+  sockaddr_storage addr{};
+  socklen_t len = 0;
+  int family = AF_INET;
+};
+
+// The addresses of host:port, IPv4 before IPv6 (a name with both, such as localhost,
+// binds and connects as it did when only IPv4 was supported). An IPv6 address may be
+// given in brackets, as in URLs: "[::1]".
+Status Resolve(const std::string& host, int port, std::vector<Address>* out) {
+  std::string name = host;
+  if (name.size() >= 2 && name.front() == '[' && name.back() == ']') {
+    name = name.substr(1, name.size() - 2);
+  }
   addrinfo hints{};
-  hints.ai_family = AF_INET;
+  hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* res = nullptr;
-  int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  int rc = ::getaddrinfo(name.c_str(), std::to_string(port).c_str(), &hints, &res);
   if (rc != 0 || res == nullptr) {
     return Status::Aborted("cannot resolve host '" + host + "': " + gai_strerror(rc));
   }
-  std::memcpy(addr, res->ai_addr, res->ai_addrlen);
-  *len = res->ai_addrlen;
+  out->clear();
+  for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+    if ((ai->ai_family != AF_INET && ai->ai_family != AF_INET6) ||
+        ai->ai_addrlen > sizeof(sockaddr_storage)) {
+      continue;
+    }
+    Address a;
+    std::memcpy(&a.addr, ai->ai_addr, ai->ai_addrlen);
+    a.len = ai->ai_addrlen;
+    a.family = ai->ai_family;
+    out->push_back(a);
+  }
   ::freeaddrinfo(res);
+  std::stable_sort(out->begin(), out->end(), [](const Address& a, const Address& b) {
+    return a.family == AF_INET && b.family != AF_INET;
+  });
+  if (out->empty()) return Status::Aborted("cannot resolve host '" + host + "': no address");
   return Status::Ok();
+}
+
+// The port of a socket address of either family.
+int PortOf(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
+  return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
 }
 
 }  // namespace
@@ -81,21 +115,21 @@ void Socket::Shutdown() {
 }
 
 Status Listen(const std::string& host, int port, Socket* out, int* bound_port) {
-  sockaddr_storage addr{};
-  socklen_t len = 0;
-  HVD_RETURN_IF_ERROR(Resolve(host, port, &addr, &len));
-  Socket s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  std::vector<Address> addrs;
+  HVD_RETURN_IF_ERROR(Resolve(host, port, &addrs));
+  const Address& addr = addrs.front();
+  Socket s(::socket(addr.family, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!s.valid()) return Status::Aborted(Errno("socket"));
   int one = 1;
   ::setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (::bind(s.fd(), reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+  if (::bind(s.fd(), reinterpret_cast<const sockaddr*>(&addr.addr), addr.len) != 0) {
     return Status::Aborted(Errno(("bind " + host + ":" + std::to_string(port)).c_str()));
   }
   if (::listen(s.fd(), 1024) != 0) return Status::Aborted(Errno("listen"));
-  sockaddr_in bound{};
+  sockaddr_storage bound{};
   socklen_t blen = sizeof(bound);
   ::getsockname(s.fd(), reinterpret_cast<sockaddr*>(&bound), &blen);
-  if (bound_port != nullptr) *bound_port = ntohs(bound.sin_port);
+  if (bound_port != nullptr) *bound_port = PortOf(bound);
   *out = std::move(s);
   return Status::Ok();
 }
@@ -117,23 +151,27 @@ Status Accept(const Socket& listener, double timeout_s, Socket* out) {
 
 Status Connect(const std::string& host, int port, double timeout_s, Socket* out,
                bool retry_refused) {
-  sockaddr_storage addr{};
-  socklen_t len = 0;
-  HVD_RETURN_IF_ERROR(Resolve(host, port, &addr, &len));
+  std::vector<Address> addrs;
+  HVD_RETURN_IF_ERROR(Resolve(host, port, &addrs));
   auto deadline = Deadline(timeout_s);
   std::string last;
   while (true) {
-    Socket s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    if (!s.valid()) return Status::Aborted(Errno("socket"));
-    if (::connect(s.fd(), reinterpret_cast<sockaddr*>(&addr), len) == 0) {
-      int one = 1;
-      ::setsockopt(s.fd(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      *out = std::move(s);
-      return Status::Ok();
+    // Every address of the name in turn (localhost: 127.0.0.1, then ::1).
+    bool refused = true;
+    for (const Address& a : addrs) {
+      Socket s(::socket(a.family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+      if (!s.valid()) return Status::Aborted(Errno("socket"));
+      if (::connect(s.fd(), reinterpret_cast<const sockaddr*>(&a.addr), a.len) == 0) {
+        int one = 1;
+        ::setsockopt(s.fd(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        *out = std::move(s);
+        return Status::Ok();
+      }
+      const int err = errno;
+      last = std::strerror(err);
+      refused = refused && err == ECONNREFUSED;
     }
-    const int err = errno;
-    last = std::strerror(err);
-    if (Clock::now() >= deadline || (!retry_refused && err == ECONNREFUSED)) {
+    if (Clock::now() >= deadline || (!retry_refused && refused)) {
       return Status::Aborted("cannot connect to " + host + ":" + std::to_string(port) + " within " +
                              std::to_string(timeout_s) + " s (" + last + ")");
     }
@@ -142,18 +180,25 @@ Status Connect(const std::string& host, int port, double timeout_s, Socket* out,
 }
 
 namespace {
-// getsockname / getpeername of `s` as a numeric IPv4 host; false if it fails.
+// getsockname / getpeername of `s` as a numeric host (IPv4 or IPv6, no brackets);
+// false if it fails.
 bool SocketAddress(const Socket& s, bool peer, std::string* host, int* port) {
-  sockaddr_in addr{};
+  sockaddr_storage addr{};
   socklen_t len = sizeof(addr);
   auto* sa = reinterpret_cast<sockaddr*>(&addr);
   if ((peer ? ::getpeername(s.fd(), sa, &len) : ::getsockname(s.fd(), sa, &len)) != 0) {
     return false;
   }
-  char buf[INET_ADDRSTRLEN];
-  ::inet_ntop(AF_INET, &addr.sin_addr, buf, sizeof(buf));
+  char buf[INET6_ADDRSTRLEN] = {0};
+  if (addr.ss_family == AF_INET6) {
+    ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&addr)->sin6_addr, buf, sizeof(buf));
+  } else if (addr.ss_family == AF_INET) {
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&addr)->sin_addr, buf, sizeof(buf));
+  } else {
+    return false;
+  }
   *host = buf;
-  *port = ntohs(addr.sin_port);
+  *port = PortOf(addr);
   return true;
 }
 }  // namespace
@@ -167,7 +212,9 @@ std::string LocalAddress(const Socket& s) {
 std::string PeerAddress(const Socket& s) {
   std::string host;
   int port = 0;
-  return SocketAddress(s, true, &host, &port) ? host + ":" + std::to_string(port) : "unknown";
+  if (!SocketAddress(s, true, &host, &port)) return "unknown";
+  const bool v6 = host.find(':') != std::string::npos;
+  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
 
 Status SendAll(int fd, const void* buf, size_t len, double timeout_s) {

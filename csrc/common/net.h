@@ -41,6 +41,8 @@ class Socket {
   int fd_ = -1;
 };
 
+// Hosts are names or numeric IPv4 or IPv6 addresses (an IPv6 one may be bracketed,
+// "[::1]"); a name with both kinds of address uses its IPv4 ones first.
 // Listens on host:port (port 0 picks a free one, reported in *bound_port).
 Status Listen(const std::string& host, int port, Socket* out, int* bound_port);
 // Accepts one connection, waiting at most timeout_s.
@@ -50,9 +52,11 @@ Status Accept(const Socket& listener, double timeout_s, Socket* out);
 // known to have listened: refusal means it is gone).
 Status Connect(const std::string& host, int port, double timeout_s, Socket* out,
                bool retry_refused = true);
-// The local address of a connected socket, as a numeric host string.
+// The local address of a connected socket, as a numeric host string (IPv6 without
+// brackets).
 std::string LocalAddress(const Socket& s);
-// "ip:port" of the other end of a connected socket ("unknown" if it cannot tell).
+// "ip:port" or "[ipv6]:port" of the other end of a connected socket ("unknown" if it
+// cannot tell).
 std::string PeerAddress(const Socket& s);
 
 Status SendAll(int fd, const void* buf, size_t len, double timeout_s);

@@ -131,8 +131,8 @@ def check_fits(what: str, bundle: Dict[str, float], count: int, strategy: str) -
 
 def store_address(settings: Any) -> str:
     """The driver's address the workers reach the store at: the first of the
-    ``nics`` that has an IPv4 address, else the address Ray uses for this node
-    (which every node of the cluster reaches)."""
+    ``nics`` that has an IPv4 or global IPv6 address, else the address Ray uses for
+    this node (which every node of the cluster reaches)."""
     nics = setting(settings, "nics", None)
     if nics:
         names = nics.split(",") if isinstance(nics, str) else list(nics)

@@ -165,7 +165,7 @@ def is_local_host(hostname: str) -> bool:
     if name == own or name == own.split(".")[0]:
         return True
     try:
-        infos = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(name, None, socket.AF_UNSPEC, socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError):
         infos = []
     if any(network.is_own_address(str(info[4][0])) for info in infos):

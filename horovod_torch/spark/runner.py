@@ -13,6 +13,7 @@ not trusted.
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import pickle
@@ -53,15 +54,15 @@ def _spark_context():
 
 
 def _store_address(sc, nics: Optional[Sequence[str]]) -> str:
-    """The IPv4 address of this machine the executors reach the driver at."""
+    """The address (IPv4, else IPv6) of this machine the executors reach the driver at."""
     if nics:
         names = network.parse_nics(",".join(nics))
         for name in names:
-            addr = network.interface_ipv4(name)
+            addr = network.interface_address(name)
             if addr:
                 return addr
         raise ValueError(f"none of the network interfaces {', '.join(names)} has an IPv4 "
-                         "address")
+                         "or global IPv6 address")
     master = sc.master or ""
     if master.startswith("local"):
         return network.LOOPBACK
@@ -69,8 +70,8 @@ def _store_address(sc, nics: Optional[Sequence[str]]) -> str:
     if not host:
         raise ValueError("spark.driver.host is not set; pass nics=[...] to choose the "
                          "driver's network interface")
-    addr = network.resolve_ipv4(host)
-    if addr.startswith("127."):
+    addr = network.resolve(host)
+    if ipaddress.ip_address(addr.split("%")[0]).is_loopback:
         raise ValueError(f"spark.driver.host={host!r} resolves to {addr}, a loopback address "
                          f"the executors of master {master!r} cannot reach; set "
                          "spark.driver.host to this machine's address, or pass nics=[...]")

@@ -2,6 +2,8 @@
 // the job-secret handshake, knob parsing.
 #include <gtest/gtest.h>
 
+#include <netdb.h>
+
 #include <cstdlib>
 
 #include "common/config.h"
@@ -216,6 +218,73 @@ TEST(Net, ConnectRefusedRetriesUntilTimeout) {
   EXPECT_GE(SecondsSince(t0), 0.25);
   EXPECT_LT(SecondsSince(t0), 2.0);
   EXPECT_FALSE(Connect("no-such-host.invalid", port, 0.1, &s).ok());
+}
+
+// A connected pair over host (listening there, connecting to `dial`), with a frame
+// each way.
+void ExpectPairWorks(const std::string& host, const std::string& dial) {
+  Socket l;
+  int port = 0;
+  ASSERT_TRUE(Listen(host, 0, &l, &port).ok()) << host;
+  ASSERT_GT(port, 0);
+  Socket c, a;
+  ASSERT_TRUE(Connect(dial, port, 5.0, &c).ok()) << dial;
+  ASSERT_TRUE(Accept(l, 5.0, &a).ok());
+  ASSERT_TRUE(SendFrame(c.fd(), "ping", 5.0).ok());
+  std::string got;
+  ASSERT_TRUE(RecvFrame(a.fd(), &got, 5.0, 1 << 20).ok());
+  EXPECT_EQ(got, "ping");
+}
+
+TEST(Net, Ipv6LoopbackPlainAndBracketed) {
+  Watchdog wd(20, "Net.Ipv6");
+  ExpectPairWorks("::1", "::1");
+  ExpectPairWorks("[::1]", "::1");
+  ExpectPairWorks("::1", "[::1]");
+  Socket l;
+  int port = 0;
+  ASSERT_TRUE(Listen("::1", 0, &l, &port).ok());
+  Socket c, a;
+  ASSERT_TRUE(Connect("::1", port, 5.0, &c).ok());
+  ASSERT_TRUE(Accept(l, 5.0, &a).ok());
+  // The mesh listens on the address it reaches the store from, and peers dial it.
+  EXPECT_EQ(LocalAddress(c), "::1");
+  EXPECT_EQ(PeerAddress(a).rfind("[::1]:", 0), 0u) << PeerAddress(a);
+}
+
+TEST(Net, NamesWithBothFamiliesStayOnIpv4) {
+  Watchdog wd(20, "Net.BothFamilies");
+  // localhost may resolve to ::1 and 127.0.0.1: listening there binds IPv4, so that
+  // a peer dialling 127.0.0.1 (as before IPv6) still gets through...
+  Socket l;
+  int port = 0;
+  ASSERT_TRUE(Listen("localhost", 0, &l, &port).ok());
+  Socket c, a;
+  ASSERT_TRUE(Connect("127.0.0.1", port, 5.0, &c).ok());
+  ASSERT_TRUE(Accept(l, 5.0, &a).ok());
+  EXPECT_EQ(LocalAddress(a), "127.0.0.1");
+  // ...and dialling a name tries each of its addresses: a listener on ::1 only is
+  // reached through localhost when this machine's localhost has ::1 as well.
+  addrinfo hints{};
+  hints.ai_family = AF_INET6;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const bool has_v6 = ::getaddrinfo("localhost", "1", &hints, &res) == 0 && res != nullptr;
+  if (res != nullptr) ::freeaddrinfo(res);
+  if (has_v6) ExpectPairWorks("::1", "localhost");
+}
+
+TEST(Net, RefusedOnEveryAddressFailsAtOnceWithoutRetry) {
+  Watchdog wd(20, "Net.RefusedAll");
+  int port = 0;
+  {
+    Socket l;
+    ASSERT_TRUE(Listen("::1", 0, &l, &port).ok());
+  }
+  Socket s;
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(Connect("::1", port, 5.0, &s, /*retry_refused=*/false).ok());
+  EXPECT_LT(SecondsSince(t0), 1.0);
 }
 
 TEST(Config, FromEnvDefaultsAndOverrides) {

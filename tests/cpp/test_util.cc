@@ -57,8 +57,8 @@ hvd::Status MakeWorld(int n, const hvd::TcpOptions& options, World* world,
 }
 
 hvd::Status MakeWorld(int n, const std::function<hvd::TcpOptions(int)>& options, World* world,
-                      const std::string& prefix) {
-  world->server = std::make_unique<hvd::StoreServer>("127.0.0.1", 0, kSecret);
+                      const std::string& prefix, const std::string& host) {
+  world->server = std::make_unique<hvd::StoreServer>(host, 0, kSecret);
   if (!world->server->status().ok()) return world->server->status();
   world->clients.clear();
   world->clients.resize(n);
@@ -67,7 +67,7 @@ hvd::Status MakeWorld(int n, const std::function<hvd::TcpOptions(int)>& options,
   std::vector<hvd::Status> st(n);
   int port = world->server->port();
   RunRanks(n, [&](int r) {
-    st[r] = hvd::StoreClient::Connect("127.0.0.1", port, kSecret, 5.0, &world->clients[r]);
+    st[r] = hvd::StoreClient::Connect(host, port, kSecret, 5.0, &world->clients[r]);
     if (!st[r].ok()) return;
     st[r] = hvd::TcpTransport::Create(world->clients[r].get(), prefix, r, n, kSecret, options(r),
                                       &world->transports[r]);

@@ -59,9 +59,9 @@ struct World {
 // Builds a World; on failure returns the first rank's error.
 hvd::Status MakeWorld(int n, const hvd::TcpOptions& options, World* world,
                       const std::string& prefix = "job");
-// The same with options per rank.
+// The same with options per rank, the store on `host` (a numeric address).
 hvd::Status MakeWorld(int n, const std::function<hvd::TcpOptions(int)>& options, World* world,
-                      const std::string& prefix = "job");
+                      const std::string& prefix = "job", const std::string& host = "127.0.0.1");
 
 // Captures stderr (gtest's CaptureStderr) until Take(), or until it goes out of
 // scope, so that a failed ASSERT does not leave the capture on for later tests.

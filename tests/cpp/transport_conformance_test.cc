@@ -770,6 +770,37 @@ INSTANTIATE_TEST_SUITE_P(Ranks, TcpEdgeOptions, ::testing::Values(2, 3, 4, 6, 9)
                            return std::to_string(i.param) + "ranks";
                          });
 
+// IPv6: the store on ::1, the mesh listening where each rank reaches the store from
+// (::1) and dialling the addresses the others published; shared memory off, so that
+// the collectives' bytes cross the IPv6 sockets.
+TEST(TcpTransport, MeshOverIpv6Loopback) {
+  hvd_test::Watchdog wd(60, "TcpTransport.MeshOverIpv6Loopback");
+  TcpOptions o;
+  o.shm_control = 0;
+  o.hierarchical_allreduce = 0;
+  o.hierarchical_allgather = 0;
+  hvd_test::World w;
+  HVD_ASSERT_OK(hvd_test::MakeWorld(
+      3, [&o](int) { return o; }, &w, "v6", "::1"));
+  std::string addr;
+  bool found = false;
+  HVD_ASSERT_OK(w.clients[0]->Fetch("v6/addr/1", 5.0, &addr, &found));
+  ASSERT_TRUE(found);
+  EXPECT_EQ(addr.rfind("::1:", 0), 0u) << addr;
+  std::vector<Status> st(3);
+  std::vector<std::vector<float>> x(3);
+  hvd_test::RunRanks(3, [&](int r) {
+    x[r].assign(100000, static_cast<float>(r + 1));  // ring path, not the small one
+    st[r] =
+        w.transports[r]->Allreduce(x[r].data(), x[r].size(), DataType::kFloat32, ReduceOp::kSum);
+  });
+  for (int r = 0; r < 3; ++r) {
+    HVD_EXPECT_OK(st[r]);
+    EXPECT_EQ(x[r].front(), 6.0f);
+    EXPECT_EQ(x[r].back(), 6.0f);
+  }
+}
+
 TEST(TcpTransport, SizeOneNeedsNoStore) {
   std::unique_ptr<TcpTransport> t;
   HVD_ASSERT_OK(TcpTransport::Create(nullptr, "p", 0, 1, "s", TcpOptions(), &t));
