@@ -90,4 +90,15 @@ std::string HmacSha256(const std::string& key, const std::string& message) {
   return Sha256(outer + Sha256(inner + message));
 }
 
+std::string Hex(const std::string& bytes) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * bytes.size());
+  for (unsigned char c : bytes) {
+    out += kDigits[c >> 4];
+    out += kDigits[c & 15];
+  }
+  return out;
+}
+
 }  // namespace hvd

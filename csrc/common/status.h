@@ -7,10 +7,16 @@
 //   reset)
 #pragma once
 
+#include <cerrno>
+#include <cstring>
 #include <string>
 #include <utility>
 
 namespace hvd {
+
+// "what: <strerror(errno)>", for the message of a failed system call (read errno
+// before anything else can change it).
+inline std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
 
 enum class StatusCode : int {
   kOk = 0,

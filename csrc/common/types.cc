@@ -72,11 +72,6 @@ const char* ReduceOpName(ReduceOp op) {
   return "unknown";
 }
 
-bool IsFloatingPoint(DataType dtype) {
-  return dtype == DataType::kFloat16 || dtype == DataType::kBFloat16 ||
-         dtype == DataType::kFloat32 || dtype == DataType::kFloat64;
-}
-
 float HalfToFloat(uint16_t h) {
   uint32_t sign = (h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1f;

@@ -33,7 +33,6 @@ enum class ReduceOp : uint8_t {
 size_t DataTypeSize(DataType dtype);
 const char* DataTypeName(DataType dtype);
 const char* ReduceOpName(ReduceOp op);
-bool IsFloatingPoint(DataType dtype);
 
 // dst[i] = dst[i] <op> src[i] for `count` elements. `op` must be Sum, Min, Max or
 // Product (Average is Sum followed by a scale). Bool: Sum/Max are OR, Min/Product AND.

@@ -43,8 +43,6 @@ void Copy(char* dst, const char* src, size_t n) {
   if (n > 0) std::memcpy(dst, src, n);
 }
 
-std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
-
 std::string Secs(double s) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.3g s", s);

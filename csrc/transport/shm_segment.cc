@@ -26,8 +26,6 @@ namespace hvd {
 namespace shm {
 namespace {
 
-std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
-
 double SecondsLeft(Clock::time_point deadline) {
   return std::max(0.0, std::chrono::duration<double>(deadline - Clock::now()).count());
 }
@@ -194,14 +192,7 @@ void Poison(SegmentHeader* h, int rank, const std::string& why) {
 
 std::string RendezvousName(const std::string& key) {
   // A hash of the key: any key works, and the name has a fixed length.
-  static const char kHex[] = "0123456789abcdef";
-  std::string digest = Sha256("horovod_torch shm group: " + key);
-  std::string name = "horovod_torch-shm-";
-  for (int i = 0; i < 16; ++i) {
-    name += kHex[static_cast<unsigned char>(digest[i]) >> 4];
-    name += kHex[static_cast<unsigned char>(digest[i]) & 15];
-  }
-  return name;
+  return "horovod_torch-shm-" + Hex(Sha256("horovod_torch shm group: " + key).substr(0, 16));
 }
 
 Status ServeSegment(const std::string& key, const std::string& secret, int size, int memfd,

@@ -32,16 +32,6 @@ std::string HostKey() {
   return boot + "/" + std::to_string(st.st_ino);
 }
 
-std::string Hex(const std::string& bytes) {
-  static const char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : bytes) {
-    out += kHex[c >> 4];
-    out += kHex[c & 15];
-  }
-  return out;
-}
-
 constexpr size_t kHostKeyBytes = 80;  // fixed length for the allgather
 
 }  // namespace

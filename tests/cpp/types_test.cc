@@ -112,11 +112,6 @@ TEST(Types, SizesNamesAndKinds) {
   EXPECT_STREQ(DataTypeName(DataType::kBool), "bool");
   EXPECT_STREQ(ReduceOpName(ReduceOp::kAverage), "Average");
   EXPECT_STREQ(ReduceOpName(ReduceOp::kProduct), "Product");
-  EXPECT_TRUE(IsFloatingPoint(DataType::kFloat16));
-  EXPECT_TRUE(IsFloatingPoint(DataType::kBFloat16));
-  EXPECT_TRUE(IsFloatingPoint(DataType::kFloat64));
-  EXPECT_FALSE(IsFloatingPoint(DataType::kInt64));
-  EXPECT_FALSE(IsFloatingPoint(DataType::kBool));
   // Numbering follows Horovod's Python constants.
   EXPECT_EQ(static_cast<int>(ReduceOp::kAverage), 0);
   EXPECT_EQ(static_cast<int>(ReduceOp::kSum), 1);
