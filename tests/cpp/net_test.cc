@@ -193,13 +193,17 @@ TEST(Net, HandshakeRejectsAWrongSecret) {
   EXPECT_EQ(tag, "untouched");
 }
 
+// A port of `host` that was listened on and is closed now (connections are refused).
+int ClosedPort(const std::string& host) {
+  Socket l;
+  int port = 0;
+  EXPECT_TRUE(Listen(host, 0, &l, &port).ok()) << host;
+  return port;
+}
+
 TEST(Net, ConnectRefusedRetriesUntilTimeout) {
   Watchdog wd(20, "Net.ConnectRefused");
-  int port = 0;
-  {
-    Socket l;
-    ASSERT_TRUE(Listen("127.0.0.1", 0, &l, &port).ok());
-  }
+  const int port = ClosedPort("127.0.0.1");
   Socket s;
   auto t0 = std::chrono::steady_clock::now();
   Status st = Connect("127.0.0.1", port, 0.3, &s);
@@ -266,11 +270,7 @@ TEST(Net, NamesWithBothFamiliesStayOnIpv4) {
 
 TEST(Net, RefusedOnEveryAddressFailsAtOnceWithoutRetry) {
   Watchdog wd(20, "Net.RefusedAll");
-  int port = 0;
-  {
-    Socket l;
-    ASSERT_TRUE(Listen("::1", 0, &l, &port).ok());
-  }
+  const int port = ClosedPort("::1");
   Socket s;
   auto t0 = std::chrono::steady_clock::now();
   EXPECT_FALSE(Connect("::1", port, 5.0, &s, /*retry_refused=*/false).ok());
