@@ -41,9 +41,14 @@ $(BUILD_STAMP): setup.py pyproject.toml tools/system-deps.sh
 
 # What the tests add, once: the other apt packages (clang, GoogleTest, OpenMPI, sshd, a
 # Java runtime) and the Python test dependencies (every extra among them).
+# An extension built before (make demo) lacks OpenMPI when apt has just installed it:
+# it is removed, so that the next build links it in (the objects stay: it relinks).
 $(STAMP): $(BUILD_STAMP) requirements-dev.txt tools/system-deps.sh
 	@$(STAGE) "system packages for the tests (apt, only what is missing)" ./tools/system-deps.sh test
 	@$(STAGE) "test dependencies" $(PYTHON) -m pip install -r requirements-dev.txt
+	@if command -v mpicxx >/dev/null && ls horovod_torch/_C*.so >/dev/null 2>&1 && \
+	    ! $(PYTHON) -c "import sys, torch, horovod_torch._C as c; sys.exit(0 if c.mpi_built() else 1)" 2>/dev/null; then \
+	  rm -f horovod_torch/_C*.so; echo "the extension will be rebuilt with MPI"; fi
 	@touch $@
 
 setup-build: $(BUILD_STAMP)

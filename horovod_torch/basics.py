@@ -87,7 +87,7 @@ def _multi_host(world: dict) -> bool:
 def store_address(master: str, multi_host: bool) -> str:
     """The address rank 0's store listens on: MASTER_ADDR's (`master`, a name or an IPv4
     or IPv6 address) as resolved on rank 0's host, IPv4 first as the store resolves it,
-    never a wildcard, and never loopback when ranks run on other hosts."""
+    and never loopback when ranks run on other hosts."""
     name = master[1:-1] if master.startswith("[") and master.endswith("]") else master
     try:
         infos = socket.getaddrinfo(name, None, socket.AF_UNSPEC, socket.SOCK_STREAM)
@@ -99,11 +99,7 @@ def store_address(master: str, multi_host: bool) -> str:
     if not addrs:
         raise ValueError(f"MASTER_ADDR={master!r} has no IPv4 or IPv6 address on rank 0's host")
     bind = addrs[0][4][0]
-    ip = ipaddress.ip_address(bind.split("%")[0])
-    if ip.is_unspecified:
-        raise ValueError(f"MASTER_ADDR={master!r} is a wildcard address ({bind}); name rank "
-                         "0's host or its address on the network the job uses")
-    if ip.is_loopback and multi_host:
+    if ipaddress.ip_address(bind.split("%")[0]).is_loopback and multi_host:
         raise ValueError(
             f"MASTER_ADDR={master!r} resolves to {bind} on rank 0's host, a loopback address "
             "the other hosts cannot reach; set MASTER_ADDR to rank 0's address on the network "

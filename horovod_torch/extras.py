@@ -5,6 +5,7 @@ package is an ImportError naming the extra, not a bare ModuleNotFoundError.
 
 Torch-free and ``_C``-free: the runner imports it."""
 import importlib
+import importlib.util
 from types import ModuleType
 
 # module -> (the distribution that provides it, the extra that installs it)
@@ -31,6 +32,6 @@ def require(module: str, feature: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        if exc.name is not None and exc.name.split(".")[0] != top:
-            raise  # the package is there but something it imports is not
+        if importlib.util.find_spec(top) is not None:
+            raise  # installed, but broken, or something it imports is missing
         raise ImportError(missing_message(top, feature), name=top) from exc

@@ -4,6 +4,7 @@ The coordinator writes a Chrome-trace JSON array one event per line and closes
 the array at shutdown. A job that was killed leaves the array open, possibly with
 a half-written last line: :func:`load` returns every complete event either way.
 """
+import bisect
 import json
 import os
 from typing import Any, Dict, List, Tuple
@@ -53,8 +54,12 @@ def spans(events: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return out
 
 
-def _union(intervals: List[Tuple[float, float]]) -> List[Tuple[float, float]]:
-    out: List[Tuple[float, float]] = []
+Intervals = List[Tuple[float, float]]
+
+
+def _union(intervals: Intervals) -> Intervals:
+    """The union of `intervals` as disjoint, sorted intervals (empty ones dropped)."""
+    out: Intervals = []
     for a, b in sorted(intervals):
         if out and a <= out[-1][1]:
             out[-1] = (out[-1][0], max(out[-1][1], b))
@@ -63,27 +68,38 @@ def _union(intervals: List[Tuple[float, float]]) -> List[Tuple[float, float]]:
     return out
 
 
-def _length(intervals: List[Tuple[float, float]]) -> float:
-    return sum(b - a for a, b in intervals)
-
-
-Intervals = List[Tuple[float, float]]
-
-
 def _minus(xs: Intervals, ys: Intervals) -> Intervals:
-    """The parts of the (disjoint, sorted) intervals xs outside the (disjoint, sorted) ys."""
-    out = []
+    """The parts of the (disjoint, sorted) intervals xs outside the (disjoint, sorted) ys,
+    in one sweep over both."""
+    out: Intervals = []
+    j = 0
     for a, b in xs:
-        for c, d in ys:
-            if d <= a or c >= b:
-                continue
+        while j < len(ys) and ys[j][1] <= a:
+            j += 1
+        k = j
+        while k < len(ys) and ys[k][0] < b:
+            c, d = ys[k]
             if c > a:
                 out.append((a, c))
             a = max(a, d)
             if a >= b:
                 break
+            k += 1
         if a < b:
             out.append((a, b))
+    return out
+
+
+def _per_step(intervals: Intervals, bounds: List[float]) -> List[float]:
+    """How much of the (disjoint, sorted) intervals falls in each [bounds[i], bounds[i+1])."""
+    out = [0.0] * (len(bounds) - 1)
+    for a, b in intervals:
+        i = max(0, bisect.bisect_right(bounds, a) - 1)
+        while i < len(out) and bounds[i] < b:
+            lo, hi = max(a, bounds[i]), min(b, bounds[i + 1])
+            if hi > lo:
+                out[i] += hi - lo
+            i += 1
     return out
 
 
@@ -111,22 +127,22 @@ def steps(spans_: List[Dict[str, Any]]) -> List[Dict[str, float]]:
     counts: Dict[int, int] = {}
     for starts in negotiations.values():
         counts[len(starts)] = counts.get(len(starts), 0) + 1
-    rounds = max(counts, key=lambda n: (counts[n] * n, n))  # the gradients' count
-    recurring = [sorted(v) for v in negotiations.values() if len(v) == rounds]
-    bounds = [min(v[i] for v in recurring) for i in range(rounds)]
-    end = max(s["end"] for s in spans_)
-    bounds.append(end)
+    # The gradients' count: of the counts above one (tensors seen once, such as the
+    # parameters and optimizer state broadcast at the start, are not steps), the one
+    # with the most negotiations in all.
+    recurring_counts = {n: c for n, c in counts.items() if n > 1} or counts
+    rounds = max(recurring_counts, key=lambda n: (counts[n] * n, n))
+    recurring = {t for t, v in negotiations.items() if len(v) == rounds}
+    starts = [sorted(negotiations[t]) for t in recurring]
+    bounds = [min(v[i] for v in starts) for i in range(rounds)]
+    # The last step ends with the last op of its tensors (ops after it are not a step).
+    bounds.append(max(s["end"] for s in spans_ if s["tensor"] in recurring))
     comm = _union([(s["start"], s["end"]) for s in spans_
                    if s["depth"] == 0 and not s["name"].startswith("NEGOTIATE")])
     wait = _minus(_union([(s["start"], s["end"]) for s in spans_
                           if s["depth"] == 0 and s["name"].startswith("NEGOTIATE")]), comm)
-
-    def within(xs, a, b):  # the time of the intervals xs between a and b
-        return _length(_union([(max(x, a), min(y, b)) for x, y in xs if y > a and x < b]))
-
     out = []
-    for a, b in zip(bounds, bounds[1:]):
-        c, w = within(comm, a, b), within(wait, a, b)
+    for a, b, c, w in zip(bounds, bounds[1:], _per_step(comm, bounds), _per_step(wait, bounds)):
         out.append({"start": a, "end": b, "comm": c, "wait": w,
                     "compute": max(0.0, (b - a) - c - w)})
     return out

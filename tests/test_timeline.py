@@ -90,9 +90,11 @@ def test_plot_timeline_example_renders_a_png(tmp_path):
     run_workers("tests.observe_workers:timeline_run", 2, args=["0"], timeout=90,
                 env={"HOROVOD_TIMELINE": str(path), "HOROVOD_WAKE_DELAY_US": "20000"})
     out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "plot_timeline.py"),
-                          str(path), str(png)], capture_output=True, text=True, timeout=120)
+                          str(path), str(png), "--time-ms", "0:100000"],
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "wrote" in out.stdout and "7 tensors" in out.stdout, out.stdout
+    # The three rounds of "repeat" are the steps; the window is the whole run.
+    assert "wrote" in out.stdout and "3 steps, 0-100000 ms: 7 tensors" in out.stdout, out.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert png.stat().st_size > 10_000
 
@@ -116,6 +118,10 @@ def test_steps_split_compute_wait_and_communication():
         assert s["wait"] == 300 and s["comm"] == 100, s
     assert [s["compute"] for s in steps] == [600, 600, 0]
     assert timeline.steps([]) == []
+    # Two steps of one gradient after five tensors broadcast once: still two steps.
+    once = [span(f"p{i}", "NEGOTIATE_BROADCAST", i, i + 1) for i in range(5)]
+    grads = [span("g", "NEGOTIATE_ALLREDUCE", t, t + 10) for t in (100, 200)]
+    assert len(timeline.steps(once + grads)) == 2
 
 
 def test_plot_timeline_of_training_shows_steps_and_the_wait(tmp_path):

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian/Ubuntu packages a part of the work needs, if missing:
 #   tools/system-deps.sh build   what building the package and running the demo need: a
-#                                C++ compiler, make, and python3-venv where python3 cannot
-#                                create a virtual environment (the Makefile installs
-#                                everything Python, ninja included, into .venv)
+#                                C++ compiler, make, Python's headers (python3-dev), and
+#                                python3-venv where python3 cannot create a virtual
+#                                environment (the Makefile installs everything Python,
+#                                ninja included, into .venv)
 #   tools/system-deps.sh [test]  that, and what the tests need: GoogleTest (C++ tests);
 #                                clang and clang-format (the thread-safety analysis of the
 #                                lock annotations and the style check, make cpp-check);
@@ -19,6 +20,9 @@ need=""
 command -v g++ >/dev/null || need="$need g++"
 command -v make >/dev/null || need="$need make"
 python3 -c "import ensurepip, venv" 2>/dev/null || need="$need python3-venv"
+# Python.h, which the extension compiles against (absent from a bare Debian python3).
+python3 -c 'import os, sysconfig; os.stat(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' \
+  2>/dev/null || need="$need python3-dev"
 if [ "$what" = test ]; then
   [ -f /usr/include/gtest/gtest.h ] || need="$need libgtest-dev"
   command -v ninja >/dev/null || need="$need ninja-build"

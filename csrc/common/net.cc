@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -147,31 +148,64 @@ Status Accept(const Socket& listener, double timeout_s, Socket* out) {
   }
 }
 
+namespace {
+// One connection attempt to `a`, for at most `limit` (a non-blocking connect, so that
+// an address that drops packets cannot hold the caller past its deadline). 0 on
+// success, else the errno (ETIMEDOUT when `limit` passed).
+int ConnectOnce(const Address& a, Clock::time_point limit, Socket* out) {
+  Socket s(::socket(a.family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!s.valid()) return errno;  // e.g. IPv6 disabled in this kernel: skip the address
+  int err = 0;
+  if (::connect(s.fd(), reinterpret_cast<const sockaddr*>(&a.addr), a.len) != 0) {
+    if (errno != EINPROGRESS) return errno;
+    if (!WaitFd(s.fd(), POLLOUT, limit, "connecting").ok()) return ETIMEDOUT;
+    socklen_t len = sizeof(err);
+    if (::getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) return errno;
+    if (err != 0) return err;
+  }
+  ::fcntl(s.fd(), F_SETFL, ::fcntl(s.fd(), F_GETFL, 0) & ~O_NONBLOCK);
+  int one = 1;
+  ::setsockopt(s.fd(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  *out = std::move(s);
+  return 0;
+}
+}  // namespace
+
 Status Connect(const std::string& host, int port, double timeout_s, Socket* out,
                bool retry_refused) {
   std::vector<Address> addrs;
   HVD_RETURN_IF_ERROR(Resolve(host, port, &addrs));
   auto deadline = Deadline(timeout_s);
-  std::string last;
+  // With several addresses, one attempt may take a few seconds at most, so that an
+  // address that never answers does not keep the others from being tried again.
+  const auto per_attempt = std::chrono::seconds(addrs.size() > 1 ? 3 : 1000000);
+  std::vector<std::string> errors(addrs.size());
   while (true) {
     // Every address of the name in turn (localhost: 127.0.0.1, then ::1).
     bool refused = true;
-    for (const Address& a : addrs) {
-      Socket s(::socket(a.family, SOCK_STREAM | SOCK_CLOEXEC, 0));
-      if (!s.valid()) return Status::Aborted(Errno("socket"));
-      if (::connect(s.fd(), reinterpret_cast<const sockaddr*>(&a.addr), a.len) == 0) {
-        int one = 1;
-        ::setsockopt(s.fd(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        *out = std::move(s);
-        return Status::Ok();
-      }
-      const int err = errno;
-      last = std::strerror(err);
+    for (size_t i = 0; i < addrs.size(); ++i) {
+      const int err = ConnectOnce(addrs[i], std::min(deadline, Clock::now() + per_attempt), out);
+      if (err == 0) return Status::Ok();
+      errors[i] = std::strerror(err);
       refused = refused && err == ECONNREFUSED;
     }
     if (Clock::now() >= deadline || (!retry_refused && refused)) {
+      std::string why;
+      for (size_t i = 0; i < addrs.size(); ++i) {
+        std::string ip;
+        char buf[INET6_ADDRSTRLEN] = {0};
+        const auto& sa = addrs[i].addr;
+        if (sa.ss_family == AF_INET6) {
+          ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6&>(sa).sin6_addr, buf,
+                      sizeof(buf));
+        } else {
+          ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(sa).sin_addr, buf,
+                      sizeof(buf));
+        }
+        why += (i ? "; " : "") + (addrs.size() > 1 ? std::string(buf) + ": " : "") + errors[i];
+      }
       return Status::Aborted("cannot connect to " + host + ":" + std::to_string(port) + " within " +
-                             std::to_string(timeout_s) + " s (" + last + ")");
+                             std::to_string(timeout_s) + " s (" + why + ")");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -189,7 +223,15 @@ bool SocketAddress(const Socket& s, bool peer, std::string* host, int* port) {
   }
   char buf[INET6_ADDRSTRLEN] = {0};
   if (addr.ss_family == AF_INET6) {
-    ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&addr)->sin6_addr, buf, sizeof(buf));
+    const auto* a6 = reinterpret_cast<sockaddr_in6*>(&addr);
+    ::inet_ntop(AF_INET6, &a6->sin6_addr, buf, sizeof(buf));
+    char scope[IF_NAMESIZE] = {0};
+    // A link-local address is only usable with its interface: "fe80::1%eth0".
+    if (a6->sin6_scope_id != 0 && ::if_indextoname(a6->sin6_scope_id, scope) != nullptr) {
+      *host = std::string(buf) + "%" + scope;
+      *port = PortOf(addr);
+      return true;
+    }
   } else if (addr.ss_family == AF_INET) {
     ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&addr)->sin_addr, buf, sizeof(buf));
   } else {

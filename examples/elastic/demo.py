@@ -348,6 +348,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     started = time.monotonic()
     args = parse_args(argv)
     args.data_dir, args.sync_dir = os.path.abspath(args.data_dir), os.path.abspath(args.sync_dir)
+    if os.sep in args.python:  # the job runs in the sync folder: a relative path would break
+        args.python = os.path.abspath(args.python)
     env = dict(os.environ)
     env["PYTHONPATH"] = python_path(env)
     if not env["PYTHONPATH"]:

@@ -44,9 +44,10 @@ try:
     from lightning.pytorch.utilities.rank_zero import rank_zero_only
     _PACKAGE = "lightning"
 except ImportError as _no_lightning:  # the standalone package (pip install pytorch-lightning)
-    try:
-        import pytorch_lightning  # noqa: F401  pylint: disable=unused-import
-    except ImportError:
+    import importlib.util  # pylint: disable=ungrouped-imports
+    if importlib.util.find_spec("lightning") is not None:
+        raise  # lightning is installed but does not import: its own error says why
+    if importlib.util.find_spec("pytorch_lightning") is None:
         raise ImportError(extras.missing_message("lightning", "horovod_torch.lightning"),
                           name="lightning") from _no_lightning
     from lightning_fabric.plugins import CheckpointIO

@@ -86,16 +86,15 @@ class ElasticOptions:
 
 
 def parse_discovery(output: str, default_slots: int) -> Dict[str, int]:
-    """``host[:slots]`` per line, in order; blank lines and # comments ignored."""
+    """``host[:slots]`` per line (``[v6addr]:slots`` for an IPv6 address), in order;
+    blank lines and # comments ignored."""
     found: Dict[str, int] = {}
     for line in output.splitlines():
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
-        name, _, slots = line.partition(":")
-        found[name] = int(slots) if slots else default_slots
-        if found[name] < 1:
-            raise ValueError(f"host {name!r} offers {found[name]} slots")
+        entry = hosts.parse_entry(line, default_slots)
+        found[entry.hostname] = entry.slots
     return found
 
 

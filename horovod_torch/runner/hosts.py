@@ -68,24 +68,25 @@ def _parse_slots(text: str, item: str) -> int:
     return slots
 
 
-def _parse_entry(item: str) -> HostInfo:
-    """Parse ``host``, ``host:slots``, ``[v6addr]`` or ``[v6addr]:slots``."""
+def parse_entry(item: str, default_slots: int = 1) -> HostInfo:
+    """Parse ``host``, ``host:slots``, ``[v6addr]`` or ``[v6addr]:slots`` (a bare IPv6
+    address has no slot count); without a count, ``default_slots``."""
     if item.startswith("["):
         host, sep, rest = item[1:].partition("]")
         if not sep or not host:
             raise ValueError(f"malformed host entry {item!r}")
         if not rest:
-            return HostInfo(host, 1)
+            return HostInfo(host, default_slots)
         if not rest.startswith(":"):
             raise ValueError(f"malformed host entry {item!r}")
         return HostInfo(host, _parse_slots(rest[1:], item))
     if item.count(":") > 1:  # bare IPv6 address, no slot count
-        return HostInfo(item, 1)
+        return HostInfo(item, default_slots)
     host, sep, slots_text = item.partition(":")
     if not host:
         raise ValueError(f"missing host name in host entry {item!r}")
     check_hostname(host)
-    return HostInfo(host, _parse_slots(slots_text, item) if sep else 1)
+    return HostInfo(host, _parse_slots(slots_text, item) if sep else default_slots)
 
 
 def check_hostname(host: str) -> str:
@@ -116,7 +117,7 @@ def parse_hosts(spec: str) -> List[HostInfo]:
         item = raw.strip()
         if not item:
             raise ValueError(f"empty entry in host list {spec!r}")
-        hosts.append(_parse_entry(item))
+        hosts.append(parse_entry(item))
     return _unique(hosts)
 
 
@@ -132,7 +133,7 @@ def parse_hostfile(text: str, path: str = "hostfile") -> List[HostInfo]:
         fields = line.split()
         try:
             if len(fields) == 1:
-                hosts.append(_parse_entry(fields[0]))
+                hosts.append(parse_entry(fields[0]))
                 continue
             key, sep, value = fields[1].partition("=")
             if len(fields) != 2 or key != "slots" or not sep or ":" in fields[0]:

@@ -55,7 +55,9 @@ def interface_ipv6(name: str) -> Optional[str]:
         return None
     for line in lines:
         fields = line.split()
-        if len(fields) == 6 and fields[5] == name:
+        # address, index, prefix length, scope, flags, name; flags 0x40 tentative, 0x01
+        # temporary (privacy), 0x20 deprecated: none of them is a stable address to bind.
+        if len(fields) == 6 and fields[5] == name and not int(fields[4], 16) & 0x61:
             ip = ipaddress.IPv6Address(int(fields[0], 16))
             if not ip.is_link_local and not ip.is_loopback:
                 return str(ip)
@@ -111,12 +113,12 @@ def route_source(host: str) -> str:
     A connected UDP socket sends nothing; the kernel just picks the route.
     """
     addr = resolve(host)
-    with socket.socket(_family(addr), socket.SOCK_DGRAM) as s:
-        try:
+    try:
+        with socket.socket(_family(addr), socket.SOCK_DGRAM) as s:
             s.connect((addr, 9))
-        except OSError as exc:
-            raise ValueError(f"no route to host {host!r} ({addr}): {exc.strerror}") from None
-        return str(s.getsockname()[0])
+            return str(s.getsockname()[0])
+    except OSError as exc:  # no route, or this kernel has no IPv6
+        raise ValueError(f"no route to host {host!r} ({addr}): {exc.strerror}") from None
 
 
 def is_own_address(addr: str) -> bool:
@@ -133,12 +135,12 @@ def is_own_address(addr: str) -> bool:
         return True
     if ip.is_unspecified or ip.is_multicast or ip.is_link_local:
         return False
-    with socket.socket(_family(str(ip)), socket.SOCK_DGRAM) as s:
-        try:
+    try:
+        with socket.socket(_family(str(ip)), socket.SOCK_DGRAM) as s:
             s.connect((str(ip), 9))
-        except OSError:
-            return False
-        return ipaddress.ip_address(s.getsockname()[0].split("%")[0]) == ip
+            return ipaddress.ip_address(s.getsockname()[0].split("%")[0]) == ip
+    except OSError:  # no route, or this kernel has no IPv6
+        return False
 
 
 def store_address(nics: Optional[Sequence[str]], remote_hosts: Sequence[str]) -> str:
