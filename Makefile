@@ -71,7 +71,7 @@ demo-plain: build
 # The torch-free tests, then the Runtime's (linked against the virtual environment's
 # libtorch).
 cpp-test: setup
-	@$(STAGE) "C++ tests: build (about 7 min on 2 cores the first time)" \
+	@$(STAGE) "C++ tests: build (about 2 min on 2 cores the first time)" \
 	    $(MAKE) -C tests/cpp -j2 all runtime PYTHON=$(PYTHON)
 	$(MAKE) -C tests/cpp run
 	$(MAKE) -C tests/cpp runtime-run PYTHON=$(PYTHON)
@@ -80,7 +80,7 @@ cpp-test: setup
 # annotations (csrc/common/thread_annotations.h).
 cpp-check: setup
 	@$(STAGE) "C++ style checked by clang-format" ./tools/check_format.sh
-	@$(STAGE) "C++ lock annotations checked by clang -Wthread-safety (about 2 min)" \
+	@$(STAGE) "C++ lock annotations checked by clang -Wthread-safety (about 1 min)" \
 	    ./tools/check_thread_safety.sh $(PYTHON)
 
 pytest: setup build
