@@ -93,6 +93,18 @@ int PortOf(const sockaddr_storage& a) {
   return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
 }
 
+// The numeric host of a socket address of either family (IPv6 without brackets or
+// scope); empty for another family.
+std::string NumericHost(const sockaddr_storage& a) {
+  char buf[INET6_ADDRSTRLEN] = {0};
+  if (a.ss_family == AF_INET6) {
+    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6&>(a).sin6_addr, buf, sizeof(buf));
+  } else if (a.ss_family == AF_INET) {
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(a).sin_addr, buf, sizeof(buf));
+  }
+  return buf;
+}
+
 }  // namespace
 
 Socket& Socket::operator=(Socket&& o) noexcept {
@@ -192,17 +204,8 @@ Status Connect(const std::string& host, int port, double timeout_s, Socket* out,
     if (Clock::now() >= deadline || (!retry_refused && refused)) {
       std::string why;
       for (size_t i = 0; i < addrs.size(); ++i) {
-        std::string ip;
-        char buf[INET6_ADDRSTRLEN] = {0};
-        const auto& sa = addrs[i].addr;
-        if (sa.ss_family == AF_INET6) {
-          ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6&>(sa).sin6_addr, buf,
-                      sizeof(buf));
-        } else {
-          ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(sa).sin_addr, buf,
-                      sizeof(buf));
-        }
-        why += (i ? "; " : "") + (addrs.size() > 1 ? std::string(buf) + ": " : "") + errors[i];
+        const std::string ip = addrs.size() > 1 ? NumericHost(addrs[i].addr) + ": " : "";
+        why += (i ? "; " : "") + ip + errors[i];
       }
       return Status::Aborted("cannot connect to " + host + ":" + std::to_string(port) + " within " +
                              std::to_string(timeout_s) + " s (" + why + ")");
@@ -221,23 +224,15 @@ bool SocketAddress(const Socket& s, bool peer, std::string* host, int* port) {
   if ((peer ? ::getpeername(s.fd(), sa, &len) : ::getsockname(s.fd(), sa, &len)) != 0) {
     return false;
   }
-  char buf[INET6_ADDRSTRLEN] = {0};
-  if (addr.ss_family == AF_INET6) {
-    const auto* a6 = reinterpret_cast<sockaddr_in6*>(&addr);
-    ::inet_ntop(AF_INET6, &a6->sin6_addr, buf, sizeof(buf));
-    char scope[IF_NAMESIZE] = {0};
-    // A link-local address is only usable with its interface: "fe80::1%eth0".
-    if (a6->sin6_scope_id != 0 && ::if_indextoname(a6->sin6_scope_id, scope) != nullptr) {
-      *host = std::string(buf) + "%" + scope;
-      *port = PortOf(addr);
-      return true;
-    }
-  } else if (addr.ss_family == AF_INET) {
-    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&addr)->sin_addr, buf, sizeof(buf));
-  } else {
-    return false;
+  *host = NumericHost(addr);
+  if (host->empty()) return false;
+  char scope[IF_NAMESIZE] = {0};
+  const auto* a6 = reinterpret_cast<sockaddr_in6*>(&addr);
+  // A link-local address is only usable with its interface: "fe80::1%eth0".
+  if (addr.ss_family == AF_INET6 && a6->sin6_scope_id != 0 &&
+      ::if_indextoname(a6->sin6_scope_id, scope) != nullptr) {
+    *host += std::string("%") + scope;
   }
-  *host = buf;
   *port = PortOf(addr);
   return true;
 }
