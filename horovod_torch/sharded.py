@@ -540,68 +540,119 @@ def summary(part: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     return out
 
 
-def exchange_with_next_rank(part: Dict[str, Any], device: torch.device,
-                            process_set) -> Optional[Dict[str, Any]]:
-    """Sends ``part`` to rank (r + 1) mod N; returns the part rank (r - 1) mod N sent
-    (its buffers in host memory). One small allgather (the parts' summaries), then one
-    alltoall per dtype, from the device (NCCL on GPUs)."""
+def keepers(hosts: List[Any]) -> List[int]:
+    """The rank that keeps a copy of each rank's part, given each rank's host: the
+    rank with the same place among its host's ranks on the next host (cycling through
+    that host's ranks when it has fewer), so that losing any one host loses no part
+    and the copies spread evenly; on a single host, the next rank."""
+    n = len(hosts)
+    order: Dict[Any, List[int]] = {}
+    for r, h in enumerate(hosts):
+        order.setdefault(h, []).append(r)
+    groups = list(order.values())
+    if len(groups) == 1:
+        return [(r + 1) % n for r in range(n)]
+    keeper = [0] * n
+    for g, ranks in enumerate(groups):
+        nxt = groups[(g + 1) % len(groups)]
+        for i, r in enumerate(ranks):
+            keeper[r] = nxt[i % len(nxt)]
+    return keeper
+
+
+def send_parts(part: Optional[Dict[str, Any]], key: Any, targets_of, device: torch.device,
+               process_set) -> List[Dict[str, Any]]:
+    """Collective: every rank offers ``part`` (or None) and ``key``; ``targets_of``
+    (the keys of every rank) gives the rank each rank's part goes to (None: nowhere).
+    Returns the parts sent to this rank (their buffers in host memory), in sending
+    rank order. One small allgather (the parts' summaries and keys), then one alltoall
+    per dtype, from the device (NCCL on GPUs)."""
     from horovod_torch.functions import allgather_object
     from horovod_torch.ops import alltoall
     n, r = _set_size(_ps_id(process_set)), _set_rank(_ps_id(process_set))
     if n == 1:
-        return None
-    infos = allgather_object(summary(part), name="sharded.replica_meta",
+        return []
+    infos = allgather_object((summary(part), key), name="sharded.parts_meta",
                              process_set=process_set)
-    names = sorted({name for info in infos for name in info["sizes"]})
-    prev = infos[(r - 1) % n]
-    flats = {}
+    targets = targets_of([k for _, k in infos])
+    senders = [s for s in range(n) if infos[s][0] is not None and targets[s] == r]
+    if part is None or targets[r] is None or targets[r] == r:
+        part = None  # nothing of this rank travels
+    names = sorted({name for info, _ in infos if info is not None for name in info["sizes"]})
+    received: Dict[str, torch.Tensor] = {}
     for name in names:
-        mine = part["flats"].get(name)
+        mine = part["flats"].get(name) if part is not None else None
         send = (mine.to(device, non_blocking=True) if mine is not None
                 else torch.empty(0, dtype=getattr(torch, name), device=device))
         splits = [0] * n
-        splits[(r + 1) % n] = send.numel()
-        received, _ = alltoall(send, splits=splits, name=f"sharded.replica.{name}",
-                               process_set=process_set)
-        if name in prev["sizes"]:
-            flats[name] = _to_host(received)
+        if mine is not None:
+            splits[targets[r]] = send.numel()
+        out, _ = alltoall(send, splits=splits, name=f"sharded.parts.{name}",
+                          process_set=process_set)
+        received[name] = _to_host(out)
     _host_copies_done(device)
-    return dict(prev, flats=flats)
+    parts, offsets = [], dict.fromkeys(names, 0)
+    for s in senders:
+        if s == r:
+            continue
+        info = infos[s][0]
+        flats = {}
+        for name, size in info["sizes"].items():
+            flats[name] = received[name][offsets[name]:offsets[name] + size]
+            offsets[name] += size
+        parts.append(dict(info, flats=flats))
+    return parts
 
 
-def reshard(own: Dict[str, Any], replica: Optional[Dict[str, Any]], root: int,
-            shard: "Shard", device: torch.device, process_set):
-    """Collective, after an elastic reset: every rank offers its own part and its
-    replica; for each parameter one holder of the sync root's commit is chosen (an
-    own part before a replica, the lowest rank first), and one alltoall per dtype
-    sends each parameter's state from that holder to its owner under ``shard`` (the
-    new partition). Returns (state for this rank, param_groups, seq, missing indices)."""
+def gather_offers(offers: List[Dict[str, Any]], process_set) -> List[List[Dict[str, Any]]]:
+    """Collective: every rank's offered parts (their summaries), by rank."""
     from horovod_torch.functions import allgather_object
+    return allgather_object([summary(p) for p in offers], name="sharded.offers",
+                            process_set=process_set)
+
+
+def _sources(infos: List[List[Dict[str, Any]]], seq: int) -> Dict[int, Tuple[int, int]]:
+    """For each parameter index, the (rank, offer) holding its part of commit ``seq``:
+    offers in the order offered (a rank's own part first), the lowest rank first."""
+    source: Dict[int, Tuple[int, int]] = {}
+    for j in range(max((len(o) for o in infos), default=0)):
+        for rank, offered in enumerate(infos):
+            if j < len(offered) and offered[j]["seq"] == seq:
+                for idx in offered[j]["owned"]:
+                    source.setdefault(idx, (rank, j))
+    return source
+
+
+def missing(infos: List[List[Dict[str, Any]]], seq: int, count: int) -> List[int]:
+    """The indices of ``count`` parameters whose part of commit ``seq`` nobody offers
+    (none before the first commit, seq 0: the initial state has no state to lose)."""
+    if seq == 0:
+        return []
+    source = _sources(infos, seq)
+    return [i for i in range(count) if i not in source]
+
+
+def reshard(offers: List[Dict[str, Any]], infos: List[List[Dict[str, Any]]], seq: int,
+            shard: "Shard", device: torch.device, process_set):
+    """Collective, after an elastic reset: every rank has offered its parts (``offers``,
+    summarised by rank in ``infos``); for each parameter one holder of commit ``seq``
+    is chosen (see _sources), and one alltoall per dtype sends each parameter's state
+    from that holder to its owner under ``shard`` (the new partition). Returns (state
+    for this rank, the param groups of commit ``seq``)."""
     from horovod_torch.ops import alltoall
     n, r = shard.size, shard.rank
-    infos = allgather_object([summary(own), summary(replica)], name="sharded.reshard_meta",
-                             process_set=process_set)
-    seq = infos[root][0]["seq"]
-    source: Dict[int, Tuple[int, int]] = {}  # index -> (rank, 0 own / 1 replica)
-    for which in (0, 1):
-        for rank in range(n):
-            info = infos[rank][which]
-            if info is None or info["seq"] != seq:
-                continue
-            for idx in info["owned"]:
-                source.setdefault(idx, (rank, which))
-    missing = [i for i in range(len(shard.params)) if i not in source]
+    source = _sources(infos, seq)
     owner = shard.owner
     mine = {idx: src for idx, src in source.items() if owner[idx] == r}
-    names = sorted({name for pair in infos for info in pair if info is not None
-                    and info["seq"] == seq for name in info["sizes"]})
+    names = sorted({name for offered in infos for info in offered if info["seq"] == seq
+                    for name in info["sizes"]})
     state: Dict[int, Dict[str, Any]] = {}
     for name in names:
         # what this rank sends, destination by destination, parameter by parameter
         pieces, splits = [], [0] * n
         for dest in range(n):
             for idx in sorted(i for i, src in source.items() if src[0] == r and owner[i] == dest):
-                part = own if source[idx][1] == 0 else replica
+                part = offers[source[idx][1]]
                 for i, key, nm, shape, off in part["meta"]:
                     if i == idx and nm == name:
                         numel = _numel(shape)
@@ -621,11 +672,13 @@ def reshard(own: Dict[str, Any], replica: Optional[Dict[str, Any]], root: int,
                         numel = _numel(shape)
                         state.setdefault(idx, {})[key] = received[pos:pos + numel].view(shape)
                         pos += numel
-    for idx, (src_rank, which) in mine.items():
-        vals = infos[src_rank][which]["values"].get(idx)
+    for idx, (src_rank, j) in mine.items():
+        vals = infos[src_rank][j]["values"].get(idx)
         if vals:
             state.setdefault(idx, {}).update(vals)
-    return state, infos[root][0]["param_groups"], seq, missing
+    groups = next(info["param_groups"] for offered in infos for info in offered
+                  if info["seq"] == seq)
+    return state, groups
 
 
 def _numel(shape) -> int:

@@ -182,6 +182,27 @@ def test_elastic_training_goes_on_after_a_gpu_worker_fails_inside_allreduce(tmp_
     _assert_trained_on(out, 40, size, f"a {how} at {size} GPUs")
 
 
+def test_sharded_state_survives_a_death_between_step_and_commit_on_gpus(tmp_path):
+    """tests/test_sharded.py's elastic case on the GPUs: the parts and their copies go
+    through NCCL and pinned host memory. A worker dies after its step, before its
+    commit; the job restores the last whole commit, the replacement gets its part,
+    and the parameters and state end as a single process's."""
+    from tests.test_elastic import _finals, _run
+    from tests.test_sharded import ELASTIC_SCRIPT
+    size = min(4, torch.cuda.device_count())
+    rc, out = _run(tmp_path, f"localhost:{size}",
+                   {"KILL_RANKS": "1", "KILL_STEP": "10", "KILL_AT": "commit",
+                    "DEVICE": "cuda", "STEPS": "40", "STEP_SLEEP": "0.04",
+                    "WAIT_STEP": "15", "WAIT_SIZE": str(size), **GPU_ENV},
+                   ["-np", str(size), "--min-np", "1", "--max-np", str(size),
+                    "--blacklist-cooldown-range", "1", "2"],
+                   script=ELASTIC_SCRIPT, timeout=300)
+    assert rc == 0, out
+    finals = _finals(out)
+    assert len(finals) == size and all(f["size"] == str(size) for f in finals), out
+    assert all(f["params_ok"] == "True" and f["state_ok"] == "True" for f in finals), out
+
+
 def test_replacement_worker_takes_the_freed_gpu(tmp_path):
     """Rank 0 (GPU 0) dies; its replacement gets local rank 0 and so GPU 0, and every
     survivor keeps its GPU (before: the replacement got a survivor's local rank, two

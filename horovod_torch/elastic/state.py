@@ -135,7 +135,11 @@ class State:
         (one store write, after the collective of check_host_updates(), so once it is
         written every worker of the job has saved this commit). Raises
         HorovodInternalError, saving nothing, when a GPU collective the state may
-        depend on was cut off by a failure (see fence_gpu_collectives)."""
+        depend on was cut off by a failure (see fence_gpu_collectives).
+
+        A commit is all or nothing on each worker: save() runs its collectives
+        first and replaces the saved state only once they all succeeded (TorchState);
+        what only some workers saved is settled by the next sync()."""
         fence_gpu_collectives()
         self.save()
         self._commit_id = (self._commit_id or 0) + 1
@@ -159,10 +163,21 @@ class State:
     def _agree_on_commit(self) -> Tuple[int, int]:
         """The start of sync(), on every rank: returns (root, commit): the lowest rank
         holding the newest commit any rank holds (rank 0 when none holds one), and
-        that commit's number. One allgather of two numbers per rank (none in a world
-        of one); in an elastic job each rank also reads the job's newest commit from
-        the store. Raises CommittedStateLostError, on every rank, when the job has
-        committed but no rank holds its newest commit."""
+        that commit's number (see _commits_held and sync_root)."""
+        helds, job = self._commits_held()
+        return sync_root(helds, job, self._commit_lost)
+
+    def _commit_lost(self, root: int) -> bool:
+        """Collective: whether part of the commit `root` holds is gone with workers
+        that left (a sharded state's part and its every copy)."""
+        return False
+
+    def _commits_held(self) -> Tuple[List[int], int]:
+        """(the commit each rank holds, -1 for none; the job's newest commit). One
+        allgather of two numbers per rank (none in a world of one); in an elastic job
+        each rank also reads the job's newest commit from the store. Raises
+        CommittedStateLostError, on every rank, when the job has committed but no
+        rank holds its newest commit."""
         held = -1 if self._commit_id is None else self._commit_id
         elastic = worker.is_elastic() and basics.is_initialized()
         job, counters = worker.last_commit() if elastic else (0, {})
@@ -182,7 +197,7 @@ class State:
             if elastic:
                 worker.report_fatal(message)
             raise CommittedStateLostError(message, commit=job, counters=counters)
-        return helds.index(best), max(best, 0)
+        return helds, job
 
     def check_host_updates(self) -> None:
         """Raises HostsUpdatedInterrupt if a host update newer than the last one acted
@@ -218,9 +233,19 @@ class State:
                 # Every rank has submitted this broadcast (the coordinator waits for
                 # all of them), so every rank has saved the commit before it.
                 self._publish_commit()
+        self._commit_complete()
         self._last_updated_timestamp = last
         if last > prev:
+            if elastic:
+                self._before_leaving(int(last))
             raise HostsUpdatedInterrupt(skip_sync=(update == HostUpdateResult.removed))
+
+    def _commit_complete(self) -> None:
+        """Every worker has saved the last commit (check_host_updates' collective)."""
+
+    def _before_leaving(self, generation: int) -> None:
+        """Collective, when the hosts changed, before any worker leaves the job: the
+        workers not in `generation` can still hand their state over."""
 
     def must_sync_after_reset(self) -> bool:
         """Whether sync() must run after every reset, also when hosts were only
@@ -284,6 +309,20 @@ class ObjectState(State):
             self._set_attrs()
 
 
+def sync_root(helds: List[int], job: int, lost: Callable[[int], bool]) -> Tuple[int, int]:
+    """(root, commit) for a sync, given the commit each rank holds (-1: none) and the
+    job's newest (0: none): the lowest rank holding the newest commit, or, when
+    `lost(root)` says that part of what that commit needs is gone, the commit before
+    if a rank still holds it and the job never recorded the newer one (a commit
+    interrupted after some workers saved it). Else the newest, whose sync then
+    raises CommittedStateLostError."""
+    best = max(helds)
+    for c in (best, best - 1):
+        if c >= max(job, 0) and c in helds and not lost(helds.index(c)):
+            return helds.index(c), c
+    return helds.index(best), max(best, 0)
+
+
 def _counters_text(counters: Dict[str, int]) -> str:
     """ " (epoch=1, batch=22)" for a commit's integer attributes; "" when none."""
     text = ", ".join(f"{k}={v}" for k, v in list(counters.items())[:8])
@@ -315,6 +354,10 @@ class StateHandler:
 
     def __init__(self, value: Any):
         self.value = value
+
+    def prepare(self) -> None:
+        """The collective part of the next save(), run by TorchState on every handler
+        before any saves: it may fail, so it must leave the saved state as it is."""
 
     def save(self) -> None:
         raise NotImplementedError
@@ -407,57 +450,113 @@ class OptimizerStateHandler(StateHandler):
 
 class ShardedOptimizerStateHandler(StateHandler):
     """A sharded DistributedOptimizer (shard_optimizer_state): at each commit every
-    rank saves its own part of the state in host memory and sends a copy to the
-    next rank ((r + 1) mod N), which keeps it as a replica (horovod_torch/sharded.py:
-    one flat buffer per dtype, sent from the device). sync() sends each parameter's
-    state of the sync root's commit from a survivor holding it (its owner, else the
-    replica's keeper) to its owner in the new world; new workers get their parts the
-    same way. A rank and the rank after it lost at once lose a part: sync() then
-    raises CommittedStateLostError naming it. A removed host takes its part away too,
-    so sync() runs after every reset."""
+    rank saves its own part of the state in host memory and sends a copy to its
+    keeper, a rank on another host when there is one (sharded.keepers; the next rank
+    on a single host), which keeps it (horovod_torch/sharded.py: one flat buffer per
+    dtype, sent from the device). The part and the copies of the commit before stay
+    until every rank has saved the new one (commit_complete), so an interrupted
+    commit leaves the last complete one restorable. Before a host change, the workers
+    that leave hand their parts to one that stays (hand_over). sync() sends each
+    parameter's state of the agreed commit from a survivor holding it (its owner,
+    else a keeper) to its owner in the new world; new workers get their parts the
+    same way. A part lost with its every copy (a rank and its keeper lost at once)
+    makes sync() raise CommittedStateLostError naming it. A removed host takes its
+    part away too, so sync() runs after every reset."""
 
     sync_after_every_reset = True
 
     def __init__(self, optimizer: torch.optim.Optimizer):
         super().__init__(optimizer)
-        self._seq = 0  # saves since the job's state was last agreed (same on every rank)
-        self._saved = optimizer._part(0)
-        self._replica: Optional[Dict[str, Any]] = None
+        self._seq = 0  # commits since the job's state was last agreed (same on every rank)
+        self._saved = optimizer._part(0)  # this rank's part of the last commit
+        self._copies: List[Dict[str, Any]] = []  # others' parts of it this rank keeps
+        self._older: List[Dict[str, Any]] = []  # the commit before's, until the last is complete
+        self._pending: Optional[Tuple[Dict[str, Any], List[Dict[str, Any]]]] = None
+        self._infos = None  # every rank's offers, from missing() until sync()
 
     def _device(self) -> torch.device:
         return self.value._all_params()[0].device
 
+    def _process_set(self):
+        return self.value._process_set
+
+    def prepare(self) -> None:
+        """This rank's part of the next commit and the copies it keeps of others'
+        (collective), held aside: the last commit is not touched."""
+        part = self.value._part(self._seq + 1)
+        copies = sharded.send_parts(part, basics.cross_rank(), sharded.keepers,
+                                    self._device(), self._process_set())
+        self._pending = (part, copies)
+
     def save(self) -> None:
-        self._seq += 1
-        self._saved = self.value._part(self._seq)  # this rank's part, even if the exchange fails
-        self._replica = None
-        self._replica = sharded.exchange_with_next_rank(self._saved, self._device(),
-                                                        self.value._process_set)
+        if self._pending is None:
+            self.prepare()
+        (part, copies), self._pending = self._pending, None
+        self._older = [self._saved, *self._copies]
+        self._saved, self._copies, self._seq = part, copies, self._seq + 1
+
+    def commit_complete(self) -> None:
+        self._older = []
+
+    def hand_over(self, stays: bool) -> None:
+        """Collective, before the workers that do not stay leave: each of them sends
+        its part of the last commit to the next rank that stays, which keeps it (the
+        sync after the reset finds it there). One allgather of a flag, and the parts'
+        exchange only when some leave."""
+        if self.value._shard() is None or self.value._shard().size == 1:
+            return
+        staying = [bool(v) for v in allgather(torch.tensor([int(stays)]), name="sharded.staying",
+                                              process_set=self._process_set()).tolist()]
+        n = len(staying)
+        if all(staying) or not any(staying):
+            return
+
+        def targets(_):
+            return [None if staying[r] else
+                    next((r + k) % n for k in range(1, n) if staying[(r + k) % n])
+                    for r in range(n)]
+        self._copies += sharded.send_parts(self._saved, None, targets, self._device(),
+                                           self._process_set())
 
     def restore(self) -> None:
+        self._pending = None
         self.value._load_part_state(sharded.unpack(self._saved, self._device()),
                                     self._saved["param_groups"])
 
+    def _offers(self) -> List[Dict[str, Any]]:
+        return [self._saved, *self._copies, *self._older]
+
+    def missing(self, root: int) -> List[int]:
+        """Collective on its first call after a reset (every rank offers what it holds): the indices of the parameters
+        whose part of the commit ``root`` holds nobody offers (empty: restorable)."""
+        if self._infos is None:
+            self._pending = None
+            self._infos = sharded.gather_offers(self._offers(), self._process_set())
+        seq = self._infos[root][0]["seq"]
+        return sharded.missing(self._infos, seq, len(self.value._all_params()))
+
     def sync(self) -> None:
-        shard = self.value._shard()
-        state, groups, seq, missing = sharded.reshard(
-            self._saved, self._replica, self.root_rank, shard, self._device(),
-            self.value._process_set)
-        if missing and seq > 0:
-            message = (f"committed state lost: the optimizer state of {len(missing)} "
-                       f"parameter(s) (indices {missing[:8]}{' ...' if len(missing) > 8 else ''}) "
+        lost = self.missing(self.root_rank)
+        if lost:
+            message = (f"committed state lost: the optimizer state of {len(lost)} "
+                       f"parameter(s) (indices {lost[:8]}{' ...' if len(lost) > 8 else ''}) "
                        "was held only by a worker that is gone and by the worker that kept "
-                       "its replica, also gone (two neighbouring ranks lost at once). "
-                       "Resuming would silently reset that state, so the job stops; restart "
-                       "it from a checkpoint")
+                       "its copy, also gone (a rank and its keeper lost at once). Resuming "
+                       "would silently reset that state, so the job stops; restart it from "
+                       "a checkpoint")
             if worker.is_elastic():
                 worker.report_fatal(message)
             raise CommittedStateLostError(message)
+        infos, self._infos = self._infos, None
+        seq = infos[self.root_rank][0]["seq"]
+        state, groups = sharded.reshard(self._offers(), infos, seq, self.value._shard(),
+                                        self._device(), self._process_set())
         # Before any commit a part that left is the initial state: those parameters
         # start with none, as they did.
         self.value._load_part_state(state, groups)
         self._seq = seq
         self.save()
+        self._older = []
 
 
 class SchedulerStateHandler(StateHandler):
@@ -495,9 +594,16 @@ class SamplerStateHandler(StateHandler):
     def __init__(self, sampler: ElasticSampler):
         super().__init__(sampler)
         self._saved_sampler_state = copy.deepcopy(sampler.state_dict())
+        self._shared = False
+
+    def prepare(self) -> None:
+        self._share_progress()
+        self._shared = True
 
     def save(self) -> None:
-        self._share_progress()
+        if not self._shared:
+            self._share_progress()
+        self._shared = False
         self._saved_sampler_state = copy.deepcopy(self.value.state_dict())
 
     def _share_progress(self) -> None:
@@ -511,6 +617,7 @@ class SamplerStateHandler(StateHandler):
         self.value.processed_indices.update(int(i) for i in others)
 
     def restore(self) -> None:
+        self._shared = False
         self.value.load_state_dict(copy.deepcopy(self._saved_sampler_state))
 
     def reset(self) -> None:
@@ -606,9 +713,33 @@ class TorchState(ObjectState):
         return any(getattr(h, "sync_after_every_reset", False) for h in self._handlers.values())
 
     def save(self) -> None:
+        # First every collective (which a peer's failure can interrupt), then the
+        # local copies: a failure leaves this worker's last commit whole.
+        for h in self._handlers.values():
+            h.prepare()
         for h in self._handlers.values():
             h.save()
         super().save()
+
+    def _sharded(self) -> List["ShardedOptimizerStateHandler"]:
+        return [h for h in self._handlers.values()
+                if isinstance(h, ShardedOptimizerStateHandler)]
+
+    def _commit_complete(self) -> None:
+        for h in self._sharded():
+            h.commit_complete()
+
+    def _before_leaving(self, generation: int) -> None:
+        sharded_handlers = self._sharded()
+        if sharded_handlers:
+            stays = worker.assigned_in(generation)
+            for h in sharded_handlers:
+                h.hand_over(stays)
+
+    def _commit_lost(self, root: int) -> bool:
+        # Sharded parts are per worker: a commit interrupted after some workers saved
+        # it may lack the copy of a dead worker's part; the commit before is complete.
+        return any(h.missing(root) for h in self._sharded())
 
     def restore(self) -> None:
         for h in self._handlers.values():

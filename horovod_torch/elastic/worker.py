@@ -76,6 +76,12 @@ def next_assignment(env: launch_env.LaunchEnv) -> Tuple[dict, str]:
         time.sleep(0.05)
 
 
+def assigned_in(generation: int) -> bool:
+    """Whether the driver put this worker in `generation` (False: it leaves the job)."""
+    worker_id = launch_env.current().elastic_worker_id
+    return _store().get(elastic_keys.assign_key(generation, worker_id), 0.0) is not None
+
+
 def current_generation_of_this_worker() -> int:
     """The generation this process joined at its last init (-1 before the first)."""
     return _gen
