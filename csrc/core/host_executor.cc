@@ -11,8 +11,6 @@
 namespace hvd {
 namespace {
 
-size_t Bytes(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
-
 int64_t RowElems(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
@@ -55,13 +53,13 @@ Status HostExecutor::Allreduce(const std::vector<Response>& batch, std::vector<E
   }
   // Fused: pack every input into one buffer, reduce once, unpack.
   size_t total = 0;
-  for (auto& e : entries) total += Bytes(e.sub.input);
+  for (auto& e : entries) total += e.sub.input.nbytes();
   char* buf = Buffer(total);
   size_t off = 0;
   TraceBatch(timeline_, batch, "MEMCPY_IN_FUSION_BUFFER");
   for (auto& e : entries) {
-    std::memcpy(buf + off, e.sub.input.data_ptr(), Bytes(e.sub.input));
-    off += Bytes(e.sub.input);
+    std::memcpy(buf + off, e.sub.input.data_ptr(), e.sub.input.nbytes());
+    off += e.sub.input.nbytes();
   }
   size_t count = total / DataTypeSize(r.dtype);
   ScaleBuffer(buf, count, r.dtype, f.pre);
@@ -71,8 +69,8 @@ Status HostExecutor::Allreduce(const std::vector<Response>& batch, std::vector<E
   TraceBatch(timeline_, batch, "MEMCPY_OUT_FUSION_BUFFER");
   off = 0;
   for (auto& e : entries) {
-    std::memcpy(e.sub.output.data_ptr(), buf + off, Bytes(e.sub.input));
-    off += Bytes(e.sub.input);
+    std::memcpy(e.sub.output.data_ptr(), buf + off, e.sub.input.nbytes());
+    off += e.sub.input.nbytes();
     e.handle->Complete(Status::Ok(), e.sub.output);
   }
   return Status::Ok();
@@ -135,7 +133,7 @@ Status HostExecutor::RunOne(const Response& r, Entry& e) {
     case OpType::kBroadcast: {
       at::Tensor& out = e.sub.output;
       if (me == r.root && !out.is_same(in)) out.copy_(in);
-      HVD_RETURN_IF_ERROR(transport->Broadcast(out.data_ptr(), Bytes(out), r.root));
+      HVD_RETURN_IF_ERROR(transport->Broadcast(out.data_ptr(), out.nbytes(), r.root));
       e.handle->Complete(Status::Ok(), out);
       return Status::Ok();
     }

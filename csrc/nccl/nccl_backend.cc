@@ -174,8 +174,6 @@ void Scale(at::Tensor& t, double f) {
   }
 }
 
-size_t Bytes(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
-
 int64_t RowBytes(const at::Tensor& t) {
   int64_t n = t.element_size();
   for (int64_t i = 1; i < t.dim(); ++i) n *= t.size(i);
@@ -492,7 +490,7 @@ Status NcclBackend::Allreduce(Device& d, const std::vector<Response>& batch,
     numels.push_back(e.sub.input.numel());
   }
   size_t want = std::max<size_t>(bytes, fusion_bytes);
-  if (!d.fusion.defined() || Bytes(d.fusion) < bytes) {
+  if (!d.fusion.defined() || d.fusion.nbytes() < bytes) {
     d.fusion =
         at::empty({static_cast<int64_t>(want)}, entries[0].sub.input.options().dtype(at::kByte));
   }
@@ -540,7 +538,7 @@ Status NcclBackend::Allgather(Device& d, const Response& r, Entry& e, at::Tensor
 Status NcclBackend::Broadcast(Device& d, const Response& r, Entry& e, at::Tensor* out) {
   *out = e.sub.output;
   if (rank_ == r.root && !out->is_same(e.sub.input)) out->copy_(e.sub.input);
-  HVD_NCCL(ncclBroadcast(out->data_ptr(), out->data_ptr(), Bytes(*out), ncclUint8, r.root, d.comm,
+  HVD_NCCL(ncclBroadcast(out->data_ptr(), out->data_ptr(), out->nbytes(), ncclUint8, r.root, d.comm,
                          *d.stream),
            d.comm);
   return Status::Ok();
