@@ -167,6 +167,21 @@ def test_host_added_joins_running_job(tmp_path):
     assert "generation 1: 2 workers" in out, out
 
 
+def test_a_host_added_with_two_slots_resets_the_job_once(tmp_path):
+    """#33 item 6: the workers of a new host join in one generation, as in Horovod
+    (before: one generation, so one reset and one sync, per arriving worker)."""
+    rc, out = _run(tmp_path, "localhost:1",
+                   {"EDIT_STEP": "5", "EDIT_TEXT": "localhost:1;127.0.0.2:2", "STEPS": "60",
+                    "STEP_SLEEP": "0.05", "WAIT_SIZE": "3"},
+                   ["-np", "1", "--min-np", "1", "--max-np", "3"])
+    assert rc == 0, out
+    finals = _finals(out)
+    assert len(finals) == 3 and all(f["size"] == "3" and f["same"] == "True" for f in finals), out
+    first = [f for f in finals if f["rank"] == "0"]
+    assert first and first[0]["resets"] == "[3]", out
+    assert "generation 1: 3 workers" in out and "generation 2" not in out, out
+
+
 def test_host_removed_job_continues_without_sync(tmp_path):
     rc, out = _run(tmp_path, "localhost:1;127.0.0.2:1",
                    {"EDIT_STEP": "5", "EDIT_TEXT": "localhost:1", "STEPS": "40",

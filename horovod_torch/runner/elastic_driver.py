@@ -64,6 +64,7 @@ class _Worker:
     removed_at: Optional[float] = None
     done: bool = False
     ready: bool = False  # it reached hvd.init() (elastic_keys.ready_key)
+    admitted: bool = False  # ready, and so are the other new workers of its host
 
 
 @dataclass
@@ -404,16 +405,27 @@ class ElasticDriver:
         """Live workers a new generation may have: those of the last one, and new ones
         that have reached hvd.init(). A new worker spends seconds importing torch
         first; the workers already training go on meanwhile instead of waiting for it
-        in a generation it cannot join yet."""
-        return [w for w in self._live() if w.rank >= 0 or w.ready]
+        in a generation it cannot join yet. The new workers of a host join together
+        (see _note_ready)."""
+        return [w for w in self._live() if w.rank >= 0 or w.admitted]
 
     def _note_ready(self) -> bool:
-        """Marks the new workers that have reached hvd.init(); True if any did now."""
+        """Marks the new workers that have reached hvd.init(), and admits those of a
+        host once every new worker of that host is ready or has had the start timeout
+        to get there: a host added with several slots re-forms the job once, as in
+        Horovod, not once per arriving worker. True if any was admitted now."""
+        new = [w for w in self._live() if w.rank < 0]
+        for w in new:
+            if not w.ready and self._store.get(elastic_keys.ready_key(w.worker_id)) is not None:
+                w.ready = True
+        now = time.monotonic()
         any_now = False
-        for w in self._live():
-            if w.rank < 0 and not w.ready and \
-                    self._store.get(elastic_keys.ready_key(w.worker_id)) is not None:
-                w.ready = any_now = True
+        for host in {w.host for w in new if w.ready and not w.admitted}:
+            batch = [w for w in new if w.host == host]
+            if all(w.ready or now - w.started_at >= self._o.start_timeout for w in batch):
+                for w in batch:
+                    if w.ready and not w.admitted:
+                        w.admitted = any_now = True
         return any_now
 
     def _starting(self) -> bool:
