@@ -505,8 +505,9 @@ class ShardedOptimizerStateHandler(StateHandler):
         exchange only when some leave."""
         if self.value._shard() is None or self.value._shard().size == 1:
             return
-        staying = [bool(v) for v in allgather(torch.tensor([int(stays)]), name="sharded.staying",
-                                              process_set=self._process_set()).tolist()]
+        flags = allgather(torch.tensor([int(stays)]), name="sharded.staying",
+                          process_set=self._process_set())
+        staying = [bool(v) for v in flags.tolist()]
         n = len(staying)
         if all(staying) or not any(staying):
             return
@@ -527,8 +528,9 @@ class ShardedOptimizerStateHandler(StateHandler):
         return [self._saved, *self._copies, *self._older]
 
     def missing(self, root: int) -> List[int]:
-        """Collective on its first call after a reset (every rank offers what it holds): the indices of the parameters
-        whose part of the commit ``root`` holds nobody offers (empty: restorable)."""
+        """The indices of the parameters whose part of the commit ``root`` holds
+        nobody offers (empty: restorable). Collective on its first call after a
+        reset, where every rank offers what it holds."""
         if self._infos is None:
             self._pending = None
             self._infos = sharded.gather_offers(self._offers(), self._process_set())
