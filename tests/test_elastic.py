@@ -4,6 +4,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.harness import ROOT
 
 SCRIPT = os.path.join(ROOT, "tests", "elastic_train.py")
@@ -156,30 +158,23 @@ def test_a_blink_of_host_discovery_changes_nothing(tmp_path):
                                     for f in finals), out
 
 
-def test_host_added_joins_running_job(tmp_path):
+@pytest.mark.parametrize("slots", [1, 2])
+def test_host_added_joins_running_job_in_one_reset(tmp_path, slots):
+    """A host added with one or two slots joins the running job in one generation, as
+    in Horovod (#33 item 6; before, two slots gave one generation, so one reset and
+    one sync, per arriving worker)."""
+    size = 1 + slots
     rc, out = _run(tmp_path, "localhost:1",
-                   {"EDIT_STEP": "5", "EDIT_TEXT": "localhost:1;127.0.0.2:1", "STEPS": "60",
-                    "STEP_SLEEP": "0.05", "WAIT_SIZE": "2"},
-                   ["-np", "1", "--min-np", "1", "--max-np", "2"])
+                   {"EDIT_STEP": "5", "EDIT_TEXT": f"localhost:1;127.0.0.2:{slots}",
+                    "STEPS": "60", "STEP_SLEEP": "0.05", "WAIT_SIZE": str(size)},
+                   ["-np", "1", "--min-np", "1", "--max-np", str(size)])
     assert rc == 0, out
     finals = _finals(out)
-    assert len(finals) == 2 and all(f["size"] == "2" and f["same"] == "True" for f in finals), out
-    assert "generation 1: 2 workers" in out, out
-
-
-def test_a_host_added_with_two_slots_resets_the_job_once(tmp_path):
-    """#33 item 6: the workers of a new host join in one generation, as in Horovod
-    (before: one generation, so one reset and one sync, per arriving worker)."""
-    rc, out = _run(tmp_path, "localhost:1",
-                   {"EDIT_STEP": "5", "EDIT_TEXT": "localhost:1;127.0.0.2:2", "STEPS": "60",
-                    "STEP_SLEEP": "0.05", "WAIT_SIZE": "3"},
-                   ["-np", "1", "--min-np", "1", "--max-np", "3"])
-    assert rc == 0, out
-    finals = _finals(out)
-    assert len(finals) == 3 and all(f["size"] == "3" and f["same"] == "True" for f in finals), out
+    assert len(finals) == size and all(f["size"] == str(size) and f["same"] == "True"
+                                       for f in finals), out
     first = [f for f in finals if f["rank"] == "0"]
-    assert first and first[0]["resets"] == "[3]", out
-    assert "generation 1: 3 workers" in out and "generation 2" not in out, out
+    assert first and first[0]["resets"] == f"[{size}]", out
+    assert f"generation 1: {size} workers" in out and "generation 2" not in out, out
 
 
 def test_host_removed_job_continues_without_sync(tmp_path):
