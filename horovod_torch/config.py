@@ -21,7 +21,6 @@ LAUNCHER_VARS: List[Tuple[str, str, str]] = [
     ("HOROVOD_ELASTIC_WORKER_ID", "elastic driver", "This worker's identity in the store."),
     ("HOROVOD_ELASTIC_TIMEOUT", "--elastic-timeout",
      "Seconds a worker waits for a new generation after a reset (default 600)."),
-    ("HOROVOD_ELASTIC_RESET_LIMIT", "--reset-limit", "Most resets before the job stops (0: none)."),
     ("HOROVOD_RENDEZVOUS_PREFIX", "(user)", "Store namespace of a static job (default 'job')."),
     ("HOROVOD_SSH_COMMAND", "--ssh-command",
      "Replaces ssh for starting workers on other hosts (a prefix; host and command follow)."),

@@ -51,7 +51,6 @@ class LaunchEnv:
     elastic: bool  # HOROVOD_ELASTIC=1: the elastic driver started this worker
     elastic_worker_id: str  # HOROVOD_ELASTIC_WORKER_ID
     elastic_timeout_s: float  # HOROVOD_ELASTIC_TIMEOUT (600)
-    elastic_reset_limit: int  # HOROVOD_ELASTIC_RESET_LIMIT (0: none)
     # HOROVOD_STRAGGLER_EVICT_AFTER: under --straggler-policy evict, seconds a rank must be
     # named a straggler before rank 0 asks the driver to evict its host (None: never).
     straggler_evict_after_s: Optional[float]
@@ -147,7 +146,6 @@ def read(environ: Optional[Mapping[str, str]] = None) -> LaunchEnv:
         elastic=env.get("HOROVOD_ELASTIC") == "1",
         elastic_worker_id=env.get("HOROVOD_ELASTIC_WORKER_ID", ""),
         elastic_timeout_s=elastic_timeout,
-        elastic_reset_limit=_int(env, "HOROVOD_ELASTIC_RESET_LIMIT", default=0),
         straggler_evict_after_s=_float(env, "HOROVOD_STRAGGLER_EVICT_AFTER"),
         rendezvous_prefix=env.get("HOROVOD_RENDEZVOUS_PREFIX", "job"),
         torchrun_agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",

@@ -196,7 +196,55 @@ def test_reset_limit_stops_a_job_that_keeps_failing(tmp_path):
                    ["-np", "2", "--min-np", "1", "--max-np", "2", "--reset-limit", "1",
                     "--blacklist-cooldown-range", "0.1", "0.3"], timeout=120)
     assert rc == 1, out
-    assert "more than --reset-limit 1" in out, out
+    assert "exceeded limit: 1" in out, out
+
+
+@pytest.mark.parametrize("limit", [2, 3])
+def test_reset_limit_counts_every_re_formed_job(tmp_path, limit):
+    """As Horovod counts: every generation after the first is a reset, whatever made
+    it. A host joins (one reset), its worker dies (two), a replacement joins after the
+    cool-down (three): --reset-limit 2 stops the job, 3 lets it finish (#33 item 6;
+    before, only failures counted, so 2 let it finish too)."""
+    rc, out = _run(tmp_path, "localhost:1",
+                   {"EDIT_STEP": "5", "EDIT_TEXT": "localhost:1;127.0.0.2:1", "KILL_RANK": "1",
+                    "KILL_STEP": "10", "STEPS": "40", "STEP_SLEEP": "0.05", "WAIT_STEP": "5",
+                    "WAIT_SIZE": "2"},
+                   ["-np", "1", "--min-np", "1", "--max-np", "2", "--reset-limit", str(limit),
+                    "--blacklist-cooldown-range", "1", "2"])
+    assert "exited with code 3" in out, out
+    if limit == 2:
+        assert rc == 1, out
+        assert "exceeded limit: 2" in out and "generation 3" not in out, out
+    else:
+        assert rc == 0, out
+        assert "generation 3: 2 workers" in out, out
+        finals = _finals(out)
+        assert len(finals) == 2 and all(f["step"] == "40" for f in finals), out
+
+
+def test_a_failed_workers_host_leaves_with_its_other_workers(tmp_path):
+    """As in Horovod, a worker's failure blacklists its host, and the host's other
+    workers leave with it while --min-np workers remain elsewhere (#33 item 6; before,
+    they stayed, and the job went on with 3 workers)."""
+    rc, out = _run(tmp_path, "localhost:2;127.0.0.2:2",
+                   {"KILL_RANK": "3", "KILL_STEP": "10", "STEPS": "30",
+                    "STEP_SLEEP": "0.05"},
+                   ["-np", "4", "--min-np", "2", "--max-np", "4"])
+    assert rc == 0, out
+    assert "generation 1: 2 workers on localhost:2" in out, out
+    finals = _finals(out)
+    assert len(finals) == 2 and all(f["size"] == "2" and f["step"] == "30" for f in finals), out
+
+
+def test_blacklist_cooldown_follows_horovods_schedule():
+    """n-th blacklisting: LO * 2**n + a random 0..LO seconds, within LO..HI (#33 item 6;
+    before: a random LO..HI, doubled per further failure)."""
+    from horovod_torch.runner.elastic_driver import cooldown_s
+    assert [cooldown_s(1, 100, n, 0.0) for n in (1, 2, 3)] == [2, 4, 8]
+    assert cooldown_s(1, 100, 3, 0.5) == 8.5
+    assert cooldown_s(1, 100, 10, 0.0) == 100  # bounded by HI
+    assert cooldown_s(1, 2, 1, 0.9) == 2  # upstream's test range: always HI
+    assert cooldown_s(0.5, 3600, 1000, 1.0) == 3600  # no overflow
 
 
 def test_too_few_workers_for_min_np_ends_with_clear_error(tmp_path):

@@ -8,7 +8,7 @@ from horovod_torch import launch_env
 def test_no_launcher_is_a_world_of_one_with_defaults():
     env = launch_env.read({})
     assert env.placement is None and not env.has_store and not env.elastic
-    assert (env.rendezvous_prefix, env.elastic_timeout_s, env.elastic_reset_limit) == ("job", 600, 0)
+    assert (env.rendezvous_prefix, env.elastic_timeout_s) == ("job", 600)
     assert env.controller == "" and env.mpirun_size is None and not env.under_horovodrun
 
 
@@ -52,7 +52,6 @@ def test_torchrun_without_world_size_is_no_launcher():
     ({"HOROVOD_STORE_PORT": "80a"}, "HOROVOD_STORE_PORT"),
     ({"MASTER_PORT": "port"}, "MASTER_PORT"),
     ({"HOROVOD_ELASTIC_TIMEOUT": "soon"}, "HOROVOD_ELASTIC_TIMEOUT"),
-    ({"HOROVOD_ELASTIC_RESET_LIMIT": "1.5"}, "HOROVOD_ELASTIC_RESET_LIMIT"),
 ])
 def test_a_malformed_number_names_its_variable(variables, name):
     with pytest.raises(ValueError, match=name):
@@ -67,12 +66,12 @@ def test_horovod_rank_without_size_is_refused():
 def test_elastic_and_torchrun_settings():
     env = launch_env.read({
         "HOROVOD_ELASTIC": "1", "HOROVOD_ELASTIC_WORKER_ID": "h/2",
-        "HOROVOD_ELASTIC_TIMEOUT": "12.5", "HOROVOD_ELASTIC_RESET_LIMIT": "3",
+        "HOROVOD_ELASTIC_TIMEOUT": "12.5",
         "HOROVOD_RENDEZVOUS_PREFIX": "ray/call4", "TORCHELASTIC_USE_AGENT_STORE": "True",
         "TORCHELASTIC_RESTART_COUNT": "2", "SLURM_JOB_ID": "77", "MASTER_ADDR": "m",
         "MASTER_PORT": "29500"})
     assert env.elastic and env.elastic_worker_id == "h/2"
-    assert (env.elastic_timeout_s, env.elastic_reset_limit) == (12.5, 3)
+    assert env.elastic_timeout_s == 12.5
     assert env.rendezvous_prefix == "ray/call4"
     assert env.torchrun_agent_store and env.torchrun_restart_count == "2"
     assert env.job_ids[0] == "77" and (env.master_addr, env.master_port) == ("m", 29500)

@@ -14,6 +14,8 @@
 #   horovodrun -np NP pytest test/parallel/test_torch.py          for each NP
 #   horovodrun -np 2  pytest test/parallel/test_adasum_pytorch.py  (NP 2 and 4 with --gpu)
 #   pytest test/single/test_torch_elastic.py                       (CPU mode only)
+#   pytest test/integration/test_elastic_torch.py                  (CPU mode only; through
+#                                                  tools/upstream_elastic_shim.py, our horovodrun)
 # streams pytest's verbose output and each failure's report (tools/pytest_stream_failures.py)
 # to OUT/TAG.log as they come (a run cut off still leaves what it did and why),
 # and prints one line per test and rank that did not pass, then the counts.
@@ -45,8 +47,8 @@ else
   git --git-dir "$HOROVOD_UPSTREAM" archive HEAD test | tar -x -C "$src" || {
     echo "upstream_tests: $HOROVOD_UPSTREAM is neither a work tree nor a git mirror" >&2; exit 2; }
 fi
-"$PYTHON" -c "import mock, cloudpickle, pytest, packaging, pytest_timeout" 2>/dev/null ||
-  "$PYTHON" -m pip install -q mock cloudpickle pytest packaging pytest-timeout
+"$PYTHON" -c "import mock, cloudpickle, pytest, packaging, pytest_timeout, psutil" 2>/dev/null ||
+  "$PYTHON" -m pip install -q mock cloudpickle pytest packaging pytest-timeout psutil
 # A test that hangs fails after this many seconds (our waits see Python's signals).
 per_test=${UPSTREAM_TEST_TIMEOUT:-90}
 export UPSTREAM_K=${UPSTREAM_K:-}  # read by each rank's shell below
@@ -82,6 +84,12 @@ else
      --timeout "$per_test" --junitxml="$out/test_torch_elastic.xml" test_torch_elastic.py \
      >"$out/test_torch_elastic.log" 2>&1)
   echo "upstream_tests: test_torch_elastic exited $? (log: $out/test_torch_elastic.log)"
+  # Its elastic jobs take up to a minute each; upstream's elastic_common.py runs them.
+  (cd "$src/test" && PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" timeout -k 10 "$limit" \
+     "$PYTHON" -m pytest -v -p no:cacheprovider -p upstream_elastic_shim \
+     -p pytest_stream_failures --timeout 300 --junitxml="$out/test_elastic_torch.xml" \
+     integration/test_elastic_torch.py >"$out/test_elastic_torch.log" 2>&1)
+  echo "upstream_tests: test_elastic_torch exited $? (log: $out/test_elastic_torch.log)"
 fi
 if ls "$out"/*.xml >/dev/null 2>&1; then
   "$PYTHON" "$here/junit_summary.py" "$out"/*.xml

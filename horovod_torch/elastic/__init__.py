@@ -4,7 +4,7 @@ import functools
 import sys
 from typing import Callable
 
-from horovod_torch import basics, launch_env
+from horovod_torch import basics
 from horovod_torch.basics import init, shutdown  # noqa: F401  (Horovod's module has them)
 from horovod_torch.elastic.sampler import ElasticSampler
 from horovod_torch.elastic.state import ObjectState, State, TorchState
@@ -32,13 +32,11 @@ def run_fn(func: Callable, reset: Callable[[], None]) -> Callable:
     of workers, the state's reset callbacks run, and the state of the lowest rank
     holding the newest commit is broadcast (skipped when hosts were only removed).
     CommittedStateLostError from that sync (no worker left holds the newest commit)
-    is not caught: the job ends. HOROVOD_ELASTIC_RESET_LIMIT bounds the number of
-    resets.
+    is not caught: the job ends. The launcher's --reset-limit bounds the number of
+    resets (the driver stops the job rather than form one generation too many).
     """
     @functools.wraps(func)
     def wrapper(state: State, *args, **kwargs):
-        limit = launch_env.current().elastic_reset_limit
-        resets = 0
         reset_required = False
         skip_sync = False
         notification_manager.init()
@@ -63,10 +61,6 @@ def run_fn(func: Callable, reset: Callable[[], None]) -> Callable:
                     worker.report_leaving(None)
                     skip_sync = e.skip_sync
                 reset_required = True
-                resets += 1
-                if limit and resets > limit:
-                    raise RuntimeError(f"the job was reset {resets} times, more than the "
-                                       f"reset limit {limit} (--reset-limit); giving up")
         finally:
             notification_manager.remove_listener(state)
     return wrapper

@@ -376,7 +376,8 @@ class ElasticRayExecutor:
         max_np = self.max_workers if self.max_workers is not None else UNBOUNDED
         return ElasticOptions(
             num_proc=max_np, min_np=self.min_workers, max_np=max_np, discovery_script=None,
-            discover=self._discover, reset_limit=int(self.reset_limit or 0),
+            discover=self._discover,
+            reset_limit=int(self.reset_limit) if self.reset_limit is not None else None,
             cooldown=self.cooldown_range, elastic_timeout=self.elastic_timeout,
             verbose=int(setting(self.settings, "verbose", 1) or 0) >= 2,
             start_timeout=float(setting(self.settings, "timeout_s", 30)))
@@ -392,15 +393,13 @@ class ElasticRayExecutor:
         try:
             store = _common.Store(self.settings)
             start_timeout = float(setting(self.settings, "timeout_s", 30))
-            reset_limit = int(self.reset_limit or 0)
 
             def env_for(worker_id: str, slot: SlotInfo) -> Dict[str, str]:
                 # As horovodrun's: a joining worker waits at rendezvous until the
                 # survivors reach their next commit (the elastic timeout).
                 env = store.env(slot, max(start_timeout, self.elastic_timeout))
                 env.update({"HOROVOD_ELASTIC": "1", "HOROVOD_ELASTIC_WORKER_ID": worker_id,
-                            "HOROVOD_ELASTIC_TIMEOUT": str(self.elastic_timeout),
-                            "HOROVOD_ELASTIC_RESET_LIMIT": str(reset_limit)})
+                            "HOROVOD_ELASTIC_TIMEOUT": str(self.elastic_timeout)})
                 env.update({str(k): str(v) for k, v in self.env_vars.items()})
                 return env
 

@@ -33,7 +33,7 @@ from horovod_torch.runner import driver, hosts
 # Horovod's words at these events (users grep for them).
 WORKER_EXIT_MESSAGE = "Process {rank} exit with status code {code}."
 RESET_LIMIT_EXCEEDED_MESSAGE = ("Horovod was shutdown because number of resets during "
-                                "elastic job exceeded limit: {limit}")
+                                "elastic job exceeded limit: {}")
 JOB_FAILED_MESSAGE = ("Horovod detected that one or more processes exited with non-zero "
                       "status, thus causing the job to be terminated. The first process to "
                       "do so was:\nProcess name: {name}\nExit code: {code}")
@@ -75,7 +75,7 @@ class ElasticOptions:
     discovery_script: Optional[str]
     slots: int = 1
     fixed_hosts: Optional[Dict[str, int]] = None  # instead of a discovery script
-    reset_limit: int = 0
+    reset_limit: Optional[int] = None  # most generations after the first; None: no limit
     cooldown: Optional[Tuple[float, float]] = None
     elastic_timeout: float = 600.0
     verbose: bool = False
@@ -84,6 +84,13 @@ class ElasticOptions:
     # Instead of a discovery script: a function returning {host: slots} (raises on
     # failure), run in the background like the script (horovod_torch.ray: Ray's nodes).
     discover: Optional[Callable[[], Dict[str, int]]] = None
+
+
+def cooldown_s(lo: float, hi: float, n: int, u: float) -> float:
+    """Horovod's blacklist schedule: a host's n-th blacklisting (n >= 1) keeps it out
+    for LO * 2**n + u * LO seconds (u: uniform in 0..1), bounded to LO..HI, so a host
+    that keeps failing is tried less and less often."""
+    return max(lo, min(hi, lo * 2 ** min(n, 32) + u * lo))
 
 
 def parse_discovery(output: str, default_slots: int) -> Dict[str, int]:
@@ -278,7 +285,6 @@ class ElasticDriver:
         self._ids = itertools.count()
         self._gen = -1
         self._members: List[str] = []  # worker ids of the last generation, in rank order
-        self._resets = 0
         self._first_failure: Optional[Tuple[str, int]] = None  # (Horovod's name, code)
         self._signal: Optional[int] = None
         script = opts.discovery_script if opts.discovery_script is not None else opts.discover
@@ -436,14 +442,19 @@ class ElasticDriver:
         return self._gen < 0 and any(
             not w.ready and now - w.started_at < self._o.start_timeout for w in self._live())
 
-    def _publish(self, added: bool) -> None:
+    def _publish(self, added: bool) -> bool:
         """Writes a new generation: survivors first (old rank order), then new ones
         that have reached hvd.init() (see _eligible). Called only while no worker is
-        pending: a generation never waits for a host that may not be reachable."""
+        pending: a generation never waits for a host that may not be reachable.
+        False, publishing nothing, when the generation would be one reset more than
+        --reset-limit allows: as Horovod counts, every generation after the first is a
+        reset, whatever caused it (a failure, hosts added or removed, an eviction)."""
         live = sorted(self._eligible(), key=self._rank_order)
         members = [w.worker_id for w in live]
         if members == self._members:
-            return  # e.g. a new host failed before it ever joined: nothing to tell
+            return True  # e.g. a new host failed before it ever joined: nothing to tell
+        if self._o.reset_limit is not None and self._gen >= self._o.reset_limit:
+            return False
         self._members = members
         self._gen += 1
         per_host: Dict[str, List[_Worker]] = {}
@@ -459,6 +470,7 @@ class ElasticDriver:
         if self._o.verbose or self._gen > 0:
             driver.log(f"generation {self._gen}: {len(live)} workers on "
                        f"{', '.join(f'{h}:{len(ws)}' for h, ws in per_host.items())}")
+        return True
 
     def _grow(self, limit: int) -> bool:
         """Starts workers on free slots up to `limit` live workers; True if any."""
@@ -537,17 +549,15 @@ class ElasticDriver:
                     self._first_failure = (f"{w.host}[{local}]", code)
                 del self._workers[w.worker_id]
                 self._blacklist_host(w.host)
+                # As in Horovod, the host leaves with its failed worker (its other
+                # workers too), unless that leaves fewer than --min-np workers.
+                if self._can_remove_host(w.host):
+                    self._remove_host(w.host)
                 changed = True
-                self._resets += 1
             finished = [w for w in self._workers.values() if w.done]
             # Workers started for a generation that never formed are stopped in run().
             if finished and self._training_over(finished):
                 return 0
-            if self._o.reset_limit and self._resets > self._o.reset_limit:
-                driver.log(RESET_LIMIT_EXCEEDED_MESSAGE.format(limit=self._o.reset_limit) +
-                           f" (the job was reset {self._resets} times, more than --reset-limit "
-                           f"{self._o.reset_limit}); stopping")
-                return 1
             # Discovery runs in the background: a slow or hung script never keeps
             # this loop from noticing a failed worker.
             found = None if finished else self._discover()
@@ -588,7 +598,11 @@ class ElasticDriver:
                         return 1
                     continue
                 waiting_since = None
-                self._publish(added=added or any(w.rank < 0 for w in self._live()))
+                if not self._publish(added=added or any(w.rank < 0 for w in self._live())):
+                    driver.log(RESET_LIMIT_EXCEEDED_MESSAGE.format(self._o.reset_limit) +
+                               f" (the job was re-formed {self._gen} times, and --reset-limit "
+                               f"{self._o.reset_limit} allows no more); stopping")
+                    return 1
                 changed, added = False, False
             self._reap_removed()
 
@@ -613,15 +627,17 @@ class ElasticDriver:
 
     def _blacklist_host(self, host: str) -> None:
         """Without --blacklist-cooldown-range a failed host is never used again; with
-        it, for a random LO..HI seconds, doubled for each further failure (capped at
-        32x), so a host that keeps failing is tried less and less often."""
-        self._failures[host] = self._failures.get(host, 0) + 1
-        if self._o.cooldown:
-            lo, hi = self._o.cooldown
-            backoff = 2 ** min(5, self._failures[host] - 1)
-            self._blacklist[host] = time.monotonic() + random.uniform(lo, hi) * backoff
-        else:
+        it, for cooldown_s(). A failure while the host is already out (its other
+        workers failing with it) neither counts nor extends the time."""
+        now = time.monotonic()
+        if self._blacklist.get(host, 0.0) > now:
+            return
+        if not self._o.cooldown:
             self._blacklist[host] = float("inf")
+            return
+        self._failures[host] = self._failures.get(host, 0) + 1
+        lo, hi = self._o.cooldown
+        self._blacklist[host] = now + cooldown_s(lo, hi, self._failures[host], random.random())
 
     def _all_hosts_blacklisted_for_good(self) -> bool:
         return bool(self._hosts) and all(self._blacklist.get(h) == float("inf")
@@ -736,11 +752,9 @@ class ElasticDriver:
             return False
         self._evict_asked.add(self._gen)
         host, _, reason = raw.decode(errors="replace").partition("\t")
-        victims = [w for w in self._live() if w.host == host]
-        if not victims:
+        if not any(w.host == host for w in self._live()):
             return False
-        staying = [w for w in self._eligible() if w.host != host and w.host in self._hosts]
-        if len(staying) < self._o.min_np:
+        if not self._can_remove_host(host):
             driver.log(f"not evicting host {host} ({reason}): fewer than --min-np "
                        f"{self._o.min_np} workers would remain")
             return False
@@ -749,10 +763,21 @@ class ElasticDriver:
         back = ("for good (no --blacklist-cooldown-range)" if until == float("inf") else
                 f"for {until:.0f} s (blacklist cool-down)")
         driver.log(f"evicting host {host} {back}: {reason}")
+        return self._remove_host(host)
+
+    def _can_remove_host(self, host: str) -> bool:
+        """At least --min-np workers able to form a generation stay without `host`."""
+        staying = [w for w in self._eligible() if w.host != host and w.host in self._hosts]
+        return len(staying) >= self._o.min_np
+
+    def _remove_host(self, host: str) -> bool:
+        """Marks removed the live workers of `host` (they leave at the next generation);
+        True if there were any."""
+        victims = [w for w in self._live() if w.host == host]
         now = time.monotonic()
         for w in victims:
             w.removed_at = now
-        return True
+        return bool(victims)
 
     def _reap_removed(self) -> None:
         now = time.monotonic()

@@ -259,8 +259,9 @@ def make_parser() -> argparse.ArgumentParser:
     elastic.add_argument("--slots-per-host", "--slots", dest="slots_per_host", type=int, default=1,
                          metavar="K",
                          help="slots of a discovered host that prints no count (default 1)")
-    elastic.add_argument("--reset-limit", dest="reset_limit", type=int, default=0,
-                         metavar="L", help="stop after L resets (default: no limit)")
+    elastic.add_argument("--reset-limit", dest="reset_limit", type=int, default=None,
+                         metavar="L", help="stop rather than re-form the job more than L "
+                                           "times (default: no limit)")
     elastic.add_argument("--blacklist-cooldown-range", dest="cooldown", type=float, nargs=2,
                          metavar=("LO", "HI"),
                          help="a failed host may be used again after a random LO..HI "
@@ -543,8 +544,8 @@ def _check_elastic(parser: argparse.ArgumentParser,
                           ("-np", args.num_proc)):
         if value is not None and value < 1:
             parser.error(f"{option} must be >= 1, got {value}")
-    if args.reset_limit < 0:
-        parser.error(f"--reset-limit must be >= 0 (0: no limit), got {args.reset_limit}")
+    if args.reset_limit is not None and args.reset_limit < 0:
+        parser.error(f"--reset-limit must be >= 0, got {args.reset_limit}")
     if not args.elastic_timeout > 0:
         parser.error(f"--elastic-timeout must be > 0 seconds, got {args.elastic_timeout:g}")
     if not args.straggler_evict_after > 0:
@@ -678,8 +679,7 @@ def run_elastic(args: argparse.Namespace) -> int:
         # commit: give it the elastic timeout, not the start timeout.
         env["HOROVOD_START_TIMEOUT"] = str(max(float(args.start_timeout), args.elastic_timeout))
         env.update({"HOROVOD_ELASTIC": "1", "HOROVOD_ELASTIC_WORKER_ID": worker_id,
-                    "HOROVOD_ELASTIC_TIMEOUT": str(args.elastic_timeout),
-                    "HOROVOD_ELASTIC_RESET_LIMIT": str(args.reset_limit)})
+                    "HOROVOD_ELASTIC_TIMEOUT": str(args.elastic_timeout)})
         if args.straggler_policy == "evict":
             env["HOROVOD_STRAGGLER_EVICT_AFTER"] = str(args.straggler_evict_after)
         return env
