@@ -239,7 +239,7 @@ def test_a_failed_workers_host_leaves_with_its_other_workers(tmp_path):
 def test_blacklist_cooldown_follows_horovods_schedule():
     """n-th blacklisting: LO * 2**n + a random 0..LO seconds, within LO..HI (#33 item 6;
     before: a random LO..HI, doubled per further failure)."""
-    from horovod_torch.runner.elastic_driver import cooldown_s
+    from horovod_torch.runner.discovery import cooldown_s
     assert [cooldown_s(1, 100, n, 0.0) for n in (1, 2, 3)] == [2, 4, 8]
     assert cooldown_s(1, 100, 3, 0.5) == 8.5
     assert cooldown_s(1, 100, 10, 0.0) == 100  # bounded by HI

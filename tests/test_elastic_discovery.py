@@ -24,8 +24,8 @@ TIMEOUT = 240
 # horovodrun with a shorter discovery timeout (DISCOVERY_TIMEOUT_S, 30 s by default).
 SHORT_TIMEOUT_LAUNCHER = textwrap.dedent("""
     import os, sys
-    from horovod_torch.runner import elastic_driver, launch
-    elastic_driver.DISCOVERY_TIMEOUT_S = float(os.environ["TEST_DISCOVERY_TIMEOUT"])
+    from horovod_torch.runner import discovery, launch
+    discovery.DISCOVERY_TIMEOUT_S = float(os.environ["TEST_DISCOVERY_TIMEOUT"])
     sys.exit(launch.main(sys.argv[1:]))
 """)
 

@@ -25,7 +25,7 @@ import types
 
 import horovod.runner
 import horovod.runner.launch
-from horovod_torch.runner import elastic_driver
+from horovod_torch.runner import discovery, elastic_driver
 
 DEFAULT_ELASTIC_TIMEOUT_S = 600
 
@@ -67,6 +67,6 @@ _module("horovod.runner.elastic")
 _module("horovod.runner.elastic.constants",
         RESET_LIMIT_EXCEEDED_MESSAGE=elastic_driver.RESET_LIMIT_EXCEEDED_MESSAGE)
 _module("horovod.runner.elastic.driver", ELASTIC_TIMEOUT_SECS=DEFAULT_ELASTIC_TIMEOUT_S,
-        DISCOVER_HOSTS_FREQUENCY_SECS=elastic_driver.DISCOVERY_PERIOD_S)
+        DISCOVER_HOSTS_FREQUENCY_SECS=discovery.DISCOVERY_PERIOD_S)
 _module("horovod.runner.gloo_run", _get_min_start_hosts=lambda settings: 1)
 horovod.runner.launch._run_elastic = _run_elastic

@@ -26,7 +26,7 @@ from horovod_torch.ray import _common
 from horovod_torch.ray._common import Settings, setting
 from horovod_torch.ray.elastic import ElasticRayExecutor
 from horovod_torch.ray.worker import BaseHorovodWorker
-from horovod_torch.runner.elastic_driver import assign
+from horovod_torch.runner.hosts import assign
 
 logger = logging.getLogger(__name__)
 

@@ -1,9 +1,7 @@
 """The elastic driver: keeps a job running while workers fail and hosts come and go.
 
-Every second it runs the host-discovery script (``host:slots`` lines), in a thread
-of its own and the script in a session of its own (a run that hangs is killed with
-its process group after DISCOVERY_TIMEOUT_S; the last good host list stays in use
-meanwhile, and the driver goes on watching its workers). Hosts that
+The hosts it may use come from a HostBook (discovery.py: the host discovery script run
+in the background every second, and the blacklist of failed hosts). Hosts that
 resolve to this machine are started locally, so several "hosts" can be tested on
 one machine; other hosts through the launcher's remote-exec command (ssh), like
 static jobs. A remote host that does not answer within the start timeout counts
@@ -15,11 +13,8 @@ rank 0 is an old worker holding the training state.
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import itertools
-import os
-import random
 import signal
 import subprocess
 import threading
@@ -28,7 +23,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from horovod_torch import config, elastic_keys
-from horovod_torch.runner import driver, hosts
+from horovod_torch.runner import discovery, driver, hosts
 
 # Horovod's words at these events (users grep for them).
 WORKER_EXIT_MESSAGE = "Process {rank} exit with status code {code}."
@@ -39,8 +34,6 @@ JOB_FAILED_MESSAGE = ("Horovod detected that one or more processes exited with n
                       "do so was:\nProcess name: {name}\nExit code: {code}")
 
 POLL_S = 0.1
-DISCOVERY_PERIOD_S = 1.0  # from the end of one discovery run to the start of the next
-DISCOVERY_TIMEOUT_S = 30.0  # a run taking longer is killed (its whole process group)
 REMOVED_GRACE_S = 30.0
 # A worker of a failed generation that has not said so this long after the first of
 # the others did, while every other one has, is stopped or hung: it is killed.
@@ -86,185 +79,6 @@ class ElasticOptions:
     discover: Optional[Callable[[], Dict[str, int]]] = None
 
 
-def cooldown_s(lo: float, hi: float, n: int, u: float) -> float:
-    """Horovod's blacklist schedule: a host's n-th blacklisting (n >= 1) keeps it out
-    for LO * 2**n + u * LO seconds (u: uniform in 0..1), bounded to LO..HI, so a host
-    that keeps failing is tried less and less often."""
-    return max(lo, min(hi, lo * 2 ** min(n, 32) + u * lo))
-
-
-def parse_discovery(output: str, default_slots: int) -> Dict[str, int]:
-    """``host[:slots]`` per line (``[v6addr]:slots`` for an IPv6 address), in order;
-    blank lines and # comments ignored."""
-    found: Dict[str, int] = {}
-    for line in output.splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        entry = hosts.parse_entry(line, default_slots)
-        found[entry.hostname] = entry.slots
-    return found
-
-
-def assign(host_per_rank: Sequence[str],
-           home: Optional[Sequence[Optional[int]]] = None) -> List[hosts.SlotInfo]:
-    """Placement of ranks 0..n-1 on the given hosts (Horovod's rules: a host's ranks
-    have local ranks 0..k-1; cross rank is the host's index among the hosts with that
-    local rank, in order of first appearance).
-
-    home: each rank's local rank when its process started, or None for a new one. A
-    script picks its GPU once, with torch.cuda.set_device(hvd.local_rank()), so a
-    rank keeps its home when it is below its host's count; the others take the local
-    ranks left, in rank order. A replacement thus gets the GPU its predecessor freed,
-    never a survivor's."""
-    home = list(home) if home is not None else [None] * len(host_per_rank)
-    per_host = collections.Counter(host_per_rank)
-    taken: Dict[str, set] = {h: set() for h in per_host}
-    local: List[Optional[int]] = [None] * len(host_per_rank)
-    for i, (host, h) in enumerate(zip(host_per_rank, home)):
-        if h is not None and h < per_host[host] and h not in taken[host]:
-            local[i] = h
-            taken[host].add(h)
-    for i, host in enumerate(host_per_rank):
-        if local[i] is None:
-            local[i] = min(set(range(per_host[host])) - taken[host])
-            taken[host].add(local[i])
-    order = list(dict.fromkeys(host_per_rank))
-    slots = []
-    for rank, (host, lrank) in enumerate(zip(host_per_rank, local)):
-        cross = [h for h in order if per_host[h] > lrank]
-        slots.append(hosts.SlotInfo(host, rank, lrank, cross.index(host), len(host_per_rank),
-                                    per_host[host], len(cross)))
-    return slots
-
-
-class DiscoveryTimeout(ValueError):
-    """The discovery script did not finish within DISCOVERY_TIMEOUT_S."""
-
-
-def kill_script_group(proc: "subprocess.Popen[str]") -> None:
-    """SIGKILLs a discovery script's process group (it and whatever it started),
-    unless it has been reaped (its group id may be someone else's by then)."""
-    if proc.returncode is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-
-
-def discover_hosts(script: str, default_slots: int, timeout: Optional[float] = None,
-                   started: Optional[Callable[["subprocess.Popen[str]"], None]] = None
-                   ) -> Dict[str, int]:
-    """Runs the discovery script once; raises OSError/ValueError on failure
-    (DiscoveryTimeout after ``timeout``, default DISCOVERY_TIMEOUT_S s). The script
-    runs in a session of its own: on a timeout its whole process group is killed,
-    so nothing it started (a hung ``ssh``, a ``sleep``) is left behind. ``started``
-    is called with the process once it runs (ElasticDriver kills the group at the
-    end of the job)."""
-    timeout = DISCOVERY_TIMEOUT_S if timeout is None else timeout
-    proc = subprocess.Popen([script], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    if started is not None:
-        started(proc)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_script_group(proc)
-        # What the group started in a session of its own may still hold the pipes.
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.communicate(timeout=1.0)
-        for pipe in (proc.stdout, proc.stderr):
-            with contextlib.suppress(OSError):
-                pipe.close()  # type: ignore[union-attr]
-        proc.wait()
-        raise DiscoveryTimeout(f"the host discovery script did not finish within "
-                               f"{timeout:g} s; killed it and what it started") from None
-    finally:
-        if proc.returncode is None:  # an exception other than the timeout
-            kill_script_group(proc)
-            proc.wait()
-    if proc.returncode != 0:
-        said = stderr.strip()[:200]
-        raise ValueError(f"host discovery script exited with {proc.returncode}" +
-                         (f": {said}" if said else " and wrote nothing on stderr"))
-    found = parse_discovery(stdout, default_slots)
-    for name in found:
-        hosts.check_hostname(name)
-    return found
-
-
-class BackgroundDiscovery:
-    """Runs the discovery script in a thread, one run at a time, so that the driver
-    goes on watching its workers while a run is outstanding (a script may take up
-    to DISCOVERY_TIMEOUT_S s). ``take()`` returns each finished run's outcome once:
-    ``(hosts, None, False)``, or ``(None, error, timed_out)``. ``script`` may also be
-    a function returning ``{host: slots}`` (called in the thread instead)."""
-
-    def __init__(self, script, default_slots: int) -> None:
-        self._script = script
-        self._slots = default_slots
-        self._lock = threading.Lock()
-        self._thread: Optional[threading.Thread] = None
-        self._proc: Optional["subprocess.Popen[str]"] = None
-        self._outcome: Optional[Tuple[Optional[Dict[str, int]], Optional[str], bool]] = None
-        self._closed = False
-
-    def running(self) -> bool:
-        """A run has started and its outcome has not been taken yet."""
-        with self._lock:
-            return self._thread is not None
-
-    def start(self) -> None:
-        """Starts a run (if none is outstanding)."""
-        with self._lock:
-            if self._thread is not None or self._closed:
-                return
-            self._thread = threading.Thread(target=self._run, daemon=True,
-                                            name="horovodrun-discovery")
-            self._thread.start()
-
-    def take(self) -> Optional[Tuple[Optional[Dict[str, int]], Optional[str], bool]]:
-        """The outcome of the run that finished since the last call, else None."""
-        with self._lock:
-            outcome, self._outcome = self._outcome, None
-            if outcome is not None:
-                self._thread = None
-            return outcome
-
-    def close(self) -> None:
-        """Kills the process group of a run still going (the job is over)."""
-        with self._lock:
-            self._closed = True
-            proc, thread = self._proc, self._thread
-        if proc is not None:
-            kill_script_group(proc)
-        if thread is not None:
-            thread.join(timeout=5.0)
-
-    def _started(self, proc: "subprocess.Popen[str]") -> None:
-        with self._lock:
-            self._proc = proc
-            closed = self._closed
-        if closed:
-            kill_script_group(proc)
-
-    def _run(self) -> None:
-        outcome: Tuple[Optional[Dict[str, int]], Optional[str], bool]
-        try:
-            if callable(self._script):
-                outcome = (dict(self._script()), None, False)
-            else:
-                outcome = (discover_hosts(self._script, self._slots, started=self._started),
-                           None, False)
-        except DiscoveryTimeout as exc:
-            outcome = (None, str(exc), True)
-        except (OSError, ValueError) as exc:
-            outcome = (None, str(exc), False)
-        except Exception as exc:  # pylint: disable=broad-except
-            outcome = (None, f"{type(exc).__name__}: {exc}", False)
-        with self._lock:
-            self._proc = None
-            self._outcome = outcome
-
-
 class ElasticDriver:
     def __init__(self, opts: ElasticOptions, store, command: Sequence[str],
                  env_for: Callable[[str, hosts.SlotInfo], Dict[str, str]],
@@ -276,85 +90,22 @@ class ElasticDriver:
         self._env_for = env_for
         self._forwarder = forwarder
         self._spawner = spawner or driver.HostSpawner()
-        self._refused: set = set()  # remote hosts refused (no remote exec), logged once
         self._workers: Dict[str, _Worker] = {}
-        self._hosts: Dict[str, int] = {}
-        self._blacklist: Dict[str, float] = {}  # host -> time it may be used again
         self._evict_asked: Set[int] = set()  # generations whose straggler key was read
-        self._failures: Dict[str, int] = {}
         self._ids = itertools.count()
         self._gen = -1
         self._members: List[str] = []  # worker ids of the last generation, in rank order
         self._first_failure: Optional[Tuple[str, int]] = None  # (Horovod's name, code)
         self._signal: Optional[int] = None
-        script = opts.discovery_script if opts.discovery_script is not None else opts.discover
-        self._discovery = (BackgroundDiscovery(script, opts.slots)
-                           if script is not None else None)
-        self._next_discovery = 0.0  # when the next discovery run (or fixed-host look) is due
-        self._discovery_trouble: Optional[str] = None  # the failure last logged, if any
+        self._book = discovery.HostBook(
+            opts.discovery_script if opts.discovery_script is not None else opts.discover,
+            opts.slots, opts.fixed_hosts, opts.cooldown,
+            local_only=self._spawner.remote is None,
+            waiting=f"waiting up to --elastic-timeout {opts.elastic_timeout:g} s for --min-np "
+                    f"{opts.min_np} slots")
         self._next_hung_check = 0.0
         self._failure_seen: Optional[Tuple[int, float]] = None  # (generation, when)
         self._vanished_since: Optional[float] = None  # see _remove_vanished
-
-    # -- discovery ---------------------------------------------------------------
-
-    def _discover(self) -> Optional[Dict[str, int]]:
-        """Never blocks: the hosts found by a discovery run that ended since the last
-        call (None if none did, or it failed: the last good list stays), starting the
-        next run when one is due. With fixed hosts, those, once a period."""
-        now = time.monotonic()
-        if self._discovery is None:
-            if now < self._next_discovery:
-                return None
-            self._next_discovery = now + DISCOVERY_PERIOD_S
-            return self._filter_remote(dict(self._o.fixed_hosts or {}))
-        outcome = self._discovery.take()
-        found: Optional[Dict[str, int]] = None
-        if outcome is not None:
-            self._next_discovery = now + DISCOVERY_PERIOD_S
-            found, error, timed_out = outcome
-            if found is not None:
-                if self._discovery_trouble is not None:
-                    driver.log("host discovery works again")
-                self._discovery_trouble = None
-                found = self._filter_remote(found)
-            else:
-                self._discovery_failed(str(error), timed_out)
-        if not self._discovery.running() and now >= self._next_discovery:
-            self._discovery.start()
-        return found
-
-    def _discovery_failed(self, error: str, timed_out: bool) -> None:
-        """Says so once (until discovery works again, or fails differently)."""
-        trouble = "timeout" if timed_out else error
-        if trouble == self._discovery_trouble:
-            return
-        self._discovery_trouble = trouble
-        if self._hosts:
-            known = ", ".join(f"{h}:{n}" for h, n in self._hosts.items())
-            plan = f"keeping the last host list ({known}) meanwhile"
-        else:
-            plan = (f"no host known yet: waiting up to --elastic-timeout "
-                    f"{self._o.elastic_timeout:g} s for --min-np {self._o.min_np} slots")
-        driver.log(f"host discovery failed: {error}; {plan}" +
-                   ("; will keep trying, without saying so again" if timed_out else ""))
-
-    def _filter_remote(self, found: Dict[str, int]) -> Dict[str, int]:
-        """Drops remote hosts when the store listens on loopback (said once a host)."""
-        if self._spawner.remote is None:
-            remote = [h for h in found if not hosts.is_local_host(h)]
-            new = [h for h in remote if h not in self._refused]
-            if new:
-                driver.log(f"ignoring remote hosts {','.join(new)}: the rendezvous store "
-                           "listens on 127.0.0.1 (no remote host was known at start); "
-                           "pass --network-interface to allow them")
-                self._refused.update(new)
-            for h in remote:
-                del found[h]
-        return found
-
-    def _usable(self, host: str) -> bool:
-        return self._blacklist.get(host, 0.0) <= time.monotonic()
 
     def _live(self) -> List[_Worker]:
         return [w for w in self._workers.values() if w.removed_at is None and not w.done]
@@ -366,8 +117,8 @@ class ElasticDriver:
             if w.removed_at is None and w.proc.poll() is None:
                 used[w.host] = used.get(w.host, 0) + 1
         free = []
-        for h, slots in self._hosts.items():
-            if self._usable(h):
+        for h, slots in self._book.listed.items():
+            if self._book.usable(h):
                 free += [h] * max(0, slots - used.get(h, 0))
         return free
 
@@ -460,7 +211,7 @@ class ElasticDriver:
         per_host: Dict[str, List[_Worker]] = {}
         for w in live:
             per_host.setdefault(w.host, []).append(w)
-        for w, s in zip(live, assign([w.host for w in live], [self._home(w) for w in live])):
+        for w, s in zip(live, hosts.assign([w.host for w in live], [self._home(w) for w in live])):
             w.rank = s.rank
             value = (f"{s.rank},{s.size},{s.local_rank},{s.local_size},{s.cross_rank},"
                      f"{s.cross_size}")
@@ -476,9 +227,10 @@ class ElasticDriver:
         """Starts workers on free slots up to `limit` live workers; True if any."""
         # Workers on hosts no longer listed still run (see _remove_vanished) but are
         # on their way out: they do not count towards the limit.
-        live = sorted((w for w in self._live() if w.host in self._hosts), key=self._rank_order)
+        live = sorted((w for w in self._live() if w.host in self._book.listed),
+                      key=self._rank_order)
         new = self._free_slots()[:max(0, limit - len(live))]
-        planned = assign([w.host for w in live] + new,
+        planned = hosts.assign([w.host for w in live] + new,
                          [self._home(w) for w in live] + [None] * len(new))
         for slot in planned[len(live):]:
             self._spawn(slot)
@@ -491,27 +243,24 @@ class ElasticDriver:
             try:
                 return self._run()
             finally:
-                if self._discovery is not None:
-                    self._discovery.close()  # a run still going, and what it started
+                self._book.close()  # a discovery run still going, and what it started
                 self._kill_all()
 
     def _run(self) -> int:
         deadline = time.monotonic() + self._o.elastic_timeout
         while True:
-            found = self._discover()
-            if found is not None:
-                self._hosts = found
-            if sum(self._hosts.values()) >= self._o.min_np:
+            self._book.poll()
+            if sum(self._book.listed.values()) >= self._o.min_np:
                 break
             if self._signal:
                 return 128 + self._signal
             if time.monotonic() > deadline:
-                driver.log(f"only {sum(self._hosts.values())} slots were discovered, fewer than "
-                           f"--min-np {self._o.min_np}, within --elastic-timeout")
+                driver.log(f"only {sum(self._book.listed.values())} slots were discovered, "
+                           f"fewer than --min-np {self._o.min_np}, within --elastic-timeout")
                 return 1
             time.sleep(POLL_S)
         self._grow(self._o.num_proc)
-        next_grow = time.monotonic() + DISCOVERY_PERIOD_S
+        next_grow = time.monotonic() + discovery.DISCOVERY_PERIOD_S
         waiting_since: Optional[float] = None
         # A change stays pending until enough workers exist to publish it, and every
         # new remote worker's host has answered (or failed to, within the start timeout).
@@ -548,7 +297,7 @@ class ElasticDriver:
                     local = w.slot.local_rank if w.slot else 0
                     self._first_failure = (f"{w.host}[{local}]", code)
                 del self._workers[w.worker_id]
-                self._blacklist_host(w.host)
+                self._book.blacklist(w.host)
                 # As in Horovod, the host leaves with its failed worker (its other
                 # workers too), unless that leaves fewer than --min-np workers.
                 if self._can_remove_host(w.host):
@@ -560,16 +309,14 @@ class ElasticDriver:
                 return 0
             # Discovery runs in the background: a slow or hung script never keeps
             # this loop from noticing a failed worker.
-            found = None if finished else self._discover()
-            if found is not None and found != self._hosts:
-                self._hosts = found
+            if not finished and self._book.poll():
                 next_grow = 0.0  # new hosts: grow now
             vanished = self._remove_vanished()
             if vanished is None:
                 return 1
             changed = self._evict_straggler() or changed or vanished
             if time.monotonic() >= next_grow and not finished:
-                next_grow = time.monotonic() + DISCOVERY_PERIOD_S
+                next_grow = time.monotonic() + discovery.DISCOVERY_PERIOD_S
                 if self._grow(self._o.max_np):
                     changed = added = True
             if self._note_ready():
@@ -582,9 +329,9 @@ class ElasticDriver:
                     self._grow(self._o.max_np)
                     if self._pending():
                         continue
-                if len(self._live()) < self._o.min_np and self._all_hosts_blacklisted_for_good():
+                if len(self._live()) < self._o.min_np and self._book.all_out_for_good():
                     driver.log(f"every host has failed and is blacklisted "
-                               f"({', '.join(self._hosts)}); fewer than --min-np "
+                               f"({', '.join(self._book.listed)}); fewer than --min-np "
                                f"{self._o.min_np} workers remain; stopping")
                     if self._first_failure is not None:
                         name, code = self._first_failure
@@ -625,24 +372,6 @@ class ElasticDriver:
                 return True
         return False
 
-    def _blacklist_host(self, host: str) -> None:
-        """Without --blacklist-cooldown-range a failed host is never used again; with
-        it, for cooldown_s(). A failure while the host is already out (its other
-        workers failing with it) neither counts nor extends the time."""
-        now = time.monotonic()
-        if self._blacklist.get(host, 0.0) > now:
-            return
-        if not self._o.cooldown:
-            self._blacklist[host] = float("inf")
-            return
-        self._failures[host] = self._failures.get(host, 0) + 1
-        lo, hi = self._o.cooldown
-        self._blacklist[host] = now + cooldown_s(lo, hi, self._failures[host], random.random())
-
-    def _all_hosts_blacklisted_for_good(self) -> bool:
-        return bool(self._hosts) and all(self._blacklist.get(h) == float("inf")
-                                         for h in self._hosts)
-
     def _stop_unreachable(self) -> None:
         """Stops remote workers whose host has not answered within the start timeout
         and blacklists the host. They were never part of a generation (see _publish),
@@ -657,7 +386,7 @@ class ElasticDriver:
                 w.proc.wait()
                 w.reader.join(timeout=driver.READER_JOIN_TIMEOUT_S)
                 del self._workers[w.worker_id]
-                self._blacklist_host(w.host)
+                self._book.blacklist(w.host)
 
     def _stop_hung(self) -> None:
         """Kills the one worker of a failed generation that never left it.
@@ -714,14 +443,14 @@ class ElasticDriver:
         it. Those workers train on meanwhile; if their hosts come back, nothing
         happened. None (stop the job) once it has lasted --elastic-timeout."""
         live = self._live()
-        gone = [w for w in live if w.host not in self._hosts]
+        gone = [w for w in live if w.host not in self._book.listed]
         if not gone:
             if self._vanished_since is not None:
                 driver.log("the hosts are listed again; the job goes on unchanged")
             self._vanished_since = None
             return False
         now = time.monotonic()
-        staying = [w for w in self._eligible() if w.host in self._hosts]
+        staying = [w for w in self._eligible() if w.host in self._book.listed]
         if len(staying) >= self._o.min_np:
             for w in gone:
                 w.removed_at = now
@@ -758,8 +487,7 @@ class ElasticDriver:
             driver.log(f"not evicting host {host} ({reason}): fewer than --min-np "
                        f"{self._o.min_np} workers would remain")
             return False
-        self._blacklist_host(host)
-        until = self._blacklist.get(host, 0.0) - time.monotonic()
+        until = self._book.blacklist(host)
         back = ("for good (no --blacklist-cooldown-range)" if until == float("inf") else
                 f"for {until:.0f} s (blacklist cool-down)")
         driver.log(f"evicting host {host} {back}: {reason}")
@@ -767,7 +495,7 @@ class ElasticDriver:
 
     def _can_remove_host(self, host: str) -> bool:
         """At least --min-np workers able to form a generation stay without `host`."""
-        staying = [w for w in self._eligible() if w.host != host and w.host in self._hosts]
+        staying = [w for w in self._eligible() if w.host != host and w.host in self._book.listed]
         return len(staying) >= self._o.min_np
 
     def _remove_host(self, host: str) -> bool:

@@ -1,4 +1,5 @@
-"""Host lists (``-H``, ``--hostfile``), locality checks and rank assignment.
+"""Host lists (``-H``, ``--hostfile``), locality checks and rank assignment
+(``assign_ranks`` for a static job, ``assign`` for each generation of an elastic one).
 
 Rank assignment follows Horovod's static-mode semantics: hosts are filled
 in the order given, each host taking as many ranks as it has slots until
@@ -11,11 +12,12 @@ in the order given, each host taking as many ranks as it has slots until
 """
 from __future__ import annotations
 
+import collections
 import functools
 import ipaddress
 import socket
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 from horovod_torch.runner import network
 
@@ -195,27 +197,39 @@ def assign_ranks(hosts: Sequence[HostInfo], num_proc: int) -> List[SlotInfo]:
             f"-np {num_proc} exceeds the {available} slot(s) available on "
             f"hosts {names}")
 
-    used: List[Tuple[str, int]] = []  # (hostname, ranks placed there)
-    remaining = num_proc
+    host_per_rank: List[str] = []
     for host in hosts:
-        if remaining == 0:
-            break
-        count = min(host.slots, remaining)
-        used.append((host.hostname, count))
-        remaining -= count
+        host_per_rank += [host.hostname] * min(host.slots, num_proc - len(host_per_rank))
+    return assign(host_per_rank)
 
-    slots: List[SlotInfo] = []
-    for host_index, (hostname, local_size) in enumerate(used):
-        for local_rank in range(local_size):
-            cross_rank = sum(1 for _, n in used[:host_index] if n > local_rank)
-            cross_size = sum(1 for _, n in used if n > local_rank)
-            slots.append(SlotInfo(
-                hostname=hostname,
-                rank=len(slots),
-                local_rank=local_rank,
-                cross_rank=cross_rank,
-                size=num_proc,
-                local_size=local_size,
-                cross_size=cross_size,
-            ))
+
+def assign(host_per_rank: Sequence[str],
+           home: Optional[Sequence[Optional[int]]] = None) -> List[SlotInfo]:
+    """Placement of ranks 0..n-1 on the given hosts (Horovod's rules: a host's ranks
+    have local ranks 0..k-1; cross rank is the host's index among the hosts with that
+    local rank, in order of first appearance).
+
+    home: each rank's local rank when its process started, or None for a new one. A
+    script picks its GPU once, with torch.cuda.set_device(hvd.local_rank()), so a
+    rank keeps its home when it is below its host's count; the others take the local
+    ranks left, in rank order. A replacement thus gets the GPU its predecessor freed,
+    never a survivor's."""
+    home = list(home) if home is not None else [None] * len(host_per_rank)
+    per_host = collections.Counter(host_per_rank)
+    taken: Dict[str, set] = {h: set() for h in per_host}
+    local: List[Optional[int]] = [None] * len(host_per_rank)
+    for i, (host, h) in enumerate(zip(host_per_rank, home)):
+        if h is not None and h < per_host[host] and h not in taken[host]:
+            local[i] = h
+            taken[host].add(h)
+    for i, host in enumerate(host_per_rank):
+        if local[i] is None:
+            local[i] = min(set(range(per_host[host])) - taken[host])
+            taken[host].add(local[i])
+    order = list(dict.fromkeys(host_per_rank))
+    slots = []
+    for rank, (host, lrank) in enumerate(zip(host_per_rank, local)):
+        cross = [h for h in order if per_host[h] > lrank]
+        slots.append(SlotInfo(host, rank, lrank, cross.index(host), len(host_per_rank),
+                              per_host[host], len(cross)))
     return slots

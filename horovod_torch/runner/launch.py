@@ -612,7 +612,7 @@ def _elastic_store_address(args: argparse.Namespace) -> Optional[str]:
     """Store address of an elastic job: --nics, else the route to the first remote
     host the discovery script lists now (or of the fixed hosts), else loopback
     (remote hosts found later are then refused: they could not reach the store)."""
-    from horovod_torch.runner.elastic_driver import discover_hosts
+    from horovod_torch.runner.discovery import discover_hosts
     try:
         if args.nic_list:
             return network.store_address(args.nic_list, [])
