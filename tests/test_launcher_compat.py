@@ -22,7 +22,7 @@ from typing import Dict, List
 
 import pytest
 
-from horovod_torch.runner import launch
+from horovod_torch.runner import launch, options
 from tests.harness import ROOT
 
 PY = sys.executable
@@ -141,7 +141,7 @@ def test_upstream_list_matches_a_horovod_checkout() -> None:
             found.update(a.value for a in node.args if isinstance(a, ast.Constant)
                          and isinstance(a.value, str) and a.value.startswith("-"))
     assert found, "no add_argument calls found"
-    ours = set(launch.make_parser()._option_string_actions)  # pylint: disable=protected-access
+    ours = set(options.make_parser()._option_string_actions)  # pylint: disable=protected-access
     assert found - ours == set(), "Horovod options we lack"
     assert found - set(UPSTREAM_OPTIONS) == set(), "UPSTREAM_OPTIONS is out of date"
 
@@ -214,19 +214,19 @@ KNOB_ENV = [
 ]
 
 
-@pytest.mark.parametrize("options, expected", KNOB_ENV, ids=lambda v: " ".join(v)
+@pytest.mark.parametrize("flags, expected", KNOB_ENV, ids=lambda v: " ".join(v)
                          if isinstance(v, list) else None)
-def test_knob_options_set_horovods_variables(options: List[str],
+def test_knob_options_set_horovods_variables(flags: List[str],
                                              expected: Dict[str, str]) -> None:
-    args = launch.parse_args(["-np", "1", *options, "true"])
-    assert launch._knob_env(args) == expected  # pylint: disable=protected-access
+    args = launch.parse_args(["-np", "1", *flags, "true"])
+    assert options.knob_env(args) == expected
 
 
 def test_last_switch_wins_and_aliases() -> None:
     args = launch.parse_args(["-np", "1", "--autotune", "--no-autotune",
                               "--stall-check-time-seconds", "5",
                               "--stall-shutdown-time-seconds", "9", "true"])
-    env = launch._knob_env(args)  # pylint: disable=protected-access
+    env = options.knob_env(args)
     assert env == {"HOROVOD_AUTOTUNE": "0", "HOROVOD_STALL_CHECK_TIME_SECONDS": "5.0",
                    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "9.0"}
 
@@ -375,7 +375,7 @@ def test_config_file(tmp_path: Path) -> None:
     path.write_text(CONFIG)
     args = launch.parse_args(["-np", "1", "--config-file", str(path), "true"])
     assert args.use_gloo and not args.use_mpi
-    assert launch._knob_env(args) == {  # pylint: disable=protected-access
+    assert options.knob_env(args) == {
         "HOROVOD_FUSION_THRESHOLD": str(32 * 1024 * 1024), "HOROVOD_CYCLE_TIME": "10.0",
         "HOROVOD_CACHE_CAPACITY": "2048", "HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
         "HOROVOD_HIERARCHICAL_ALLGATHER": "0", "HOROVOD_AUTOTUNE": "1",
@@ -393,7 +393,7 @@ def test_config_file(tmp_path: Path) -> None:
     args = launch.parse_args(["-np", "1", "--fusion-threshold-mb", "8", "--config-file",
                               str(path), "--stall-check", "--log-level", "error", "--mpi",
                               "true"])
-    env = launch._knob_env(args)  # pylint: disable=protected-access
+    env = options.knob_env(args)
     assert env["HOROVOD_FUSION_THRESHOLD"] == str(8 * 1024 * 1024)
     assert env["HOROVOD_STALL_CHECK_DISABLE"] == "0"
     assert env["HOROVOD_LOG_LEVEL"] == "ERROR"
