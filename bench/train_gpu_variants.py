@@ -36,14 +36,14 @@ def worker():
             opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=comp)
             if lib.startswith("hvdb"):
                 bucket = int(lib[4:] or "25") << 20
-                from horovod_torch import ops as _ops
+                from horovod_torch.submit import _submit
                 from horovod_torch import _C
                 pend = []; nb = [0]
                 def flush(o=opt, pend=pend, nb=nb):
                     if not pend: return
                     grads = [q.grad for q in pend]
-                    hs = _ops._submit(_C.OP_ALLREDUCE, grads, grads, [o._wire_names[q] for q in pend],
-                                      op=hvd.Average)
+                    hs = _submit(_C.OP_ALLREDUCE, grads, grads, [o._wire_names[q] for q in pend],
+                                 op=hvd.Average)
                     for q, h, g in zip(pend, hs, grads): o._handles[q] = (h, None, g)
                     pend.clear(); nb[0] = 0
                 def start(p, pend=pend, nb=nb, flush=flush):

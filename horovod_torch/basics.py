@@ -308,9 +308,9 @@ def init(comm=None, process_sets=None) -> None:
                              "HOROVOD_CONTROLLER=gloo to use the TCP transport with these "
                              "variables (and MASTER_ADDR/MASTER_PORT)")
     if process_sets:
-        from horovod_torch import ops
+        from horovod_torch import process_sets as sets
         for ps in process_sets:  # every rank registers the same sets in the same order
-            ops._register(ps, static=True)
+            sets._register(ps, static=True)
 
 
 def _start(world: dict, prefix: str) -> Tuple[int, str]:
@@ -328,9 +328,9 @@ def _started(code: int) -> None:
     if code == _OK:
         # Unnamed ops are matched by submission order: every rank, including one
         # that joined an elastic job late, counts from zero after init().
-        from horovod_torch import ops
-        ops.reset_auto_names()
-        ops._reset_process_sets()
+        from horovod_torch import process_sets, submit
+        submit.reset_auto_names()
+        process_sets._reset_process_sets()
 
 
 def init_world(world: dict, prefix: str) -> bool:

@@ -6,8 +6,9 @@ from typing import Any, List, Optional
 import torch
 
 from horovod_torch.basics import rank
-from horovod_torch.ops import (_ps_id, allgather, broadcast_, broadcast_async_,
-                               global_process_set, synchronize)
+from horovod_torch.ops import allgather, broadcast_, broadcast_async_
+from horovod_torch.process_sets import _ps_id, global_process_set
+from horovod_torch.submit import synchronize
 
 
 def _to_bytes_tensor(obj: Any) -> torch.Tensor:

@@ -1,241 +1,20 @@
 """Collectives with Horovod's signatures: sync, async (handle), in-place (``_``),
 grouped, and autograd-aware versions. Every op is keyed by its name; unnamed ops get
 a generated name and are matched across ranks by submission order."""
-import itertools
-import threading
-import warnings
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional
 
 import torch
 
-from horovod_torch import _C, basics
+from horovod_torch import _C
 from horovod_torch import adasum as _adasum
-from horovod_torch.basics import (Adasum, Average, Max, Min, Product, Sum, raise_for_status,
-                                  rank, size)
+from horovod_torch.basics import Adasum, Average, Max, Min, Product, Sum, raise_for_status, rank
 from horovod_torch.compression import Compression
-from horovod_torch.handle import Handle
-
-_name_lock = threading.Lock()
-_counters: Dict[tuple, "itertools.count"] = {}
-
-
-class ProcessSet:
-    """A set of ranks that run collectives together.
-
-    Create it from a list of ranks, then register it on every rank with
-    ``hvd.init(process_sets=[...])`` or ``hvd.add_process_set()`` (which sets its
-    ``process_set_id``), and pass it as ``process_set=`` to collectives. ``root_rank``
-    stays a global rank; alltoall ``splits`` and allgather results follow the set's
-    rank order (``ps.rank()``). ``hvd.global_process_set`` holds every rank and has id 0.
-    """
-
-    def __init__(self, ranks_or_comm: Sequence[int]):
-        if hasattr(ranks_or_comm, "Get_rank") and hasattr(ranks_or_comm, "Get_size"):
-            raise ValueError("process sets from an MPI communicator need an MPI build of "
-                             "horovod_torch; give a list of ranks instead")
-        try:
-            ranks = list(ranks_or_comm)
-        except TypeError:
-            raise ValueError("ProcessSet needs a list of ranks, got "
-                             f"{type(ranks_or_comm).__name__}") from None
-        if any(isinstance(r, bool) or not isinstance(r, int) for r in ranks):
-            raise ValueError(f"ProcessSet ranks must be integers, got {ranks}")
-        if len(set(ranks)) != len(ranks):
-            raise ValueError(f"ProcessSet ranks must be distinct, got {ranks}")
-        self.ranks: Optional[List[int]] = sorted(ranks)
-        self.process_set_id: Optional[int] = None
-
-    def _members(self) -> Optional[List[int]]:
-        if self.process_set_id == 0:
-            return list(range(size()))
-        return self.ranks
-
-    def size(self) -> Optional[int]:
-        """Number of ranks in the set; None while it is not registered."""
-        if self.process_set_id is None:
-            return None
-        return len(self._members())
-
-    def rank(self) -> Optional[int]:
-        """This process's rank within the set, -1 if it is not a member; None while the
-        set is not registered."""
-        if self.process_set_id is None:
-            return None
-        members = self._members()
-        return members.index(rank()) if rank() in members else -1
-
-    def included(self) -> Optional[bool]:
-        """Whether this process belongs to the set; None while it is not registered."""
-        if self.process_set_id is None:
-            return None
-        return rank() in self._members()
-
-    def invalidate(self) -> None:
-        self.process_set_id = None
-
-    def __eq__(self, other) -> bool:
-        return (isinstance(other, ProcessSet) and other.process_set_id == self.process_set_id
-                and (self.process_set_id == 0 or other.ranks == self.ranks))
-
-    def __hash__(self) -> int:
-        return hash((self.process_set_id, tuple(self.ranks or ())))
-
-    def __repr__(self) -> str:
-        if self.process_set_id == 0:
-            return "ProcessSet(process_set_id=0, global)"
-        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
-
-
-global_process_set = ProcessSet([])
-global_process_set.ranks = None
-global_process_set.process_set_id = 0
-
-# Registered sets of this process, by id (0: global_process_set).
-_registry: Dict[int, ProcessSet] = {0: global_process_set}
-
-
-def _ps_id(process_set) -> int:
-    """The engine id of `process_set` (None means the global set)."""
-    if process_set is None:
-        return 0
-    if not isinstance(process_set, ProcessSet):
-        raise ValueError(f"process_set must be a hvd.ProcessSet, got {type(process_set).__name__}")
-    if process_set.process_set_id is None:
-        raise ValueError(f"{process_set!r} is not registered: pass it to "
-                         "hvd.init(process_sets=[...]) or hvd.add_process_set() on every rank "
-                         "first (or it was removed)")
-    psid = process_set.process_set_id
-    if psid != 0 and rank() not in process_set.ranks:
-        raise ValueError(f"rank {rank()} is not in {process_set!r}; only its members may call "
-                         "collectives on it")
-    return psid
-
-
-def _set_size(psid: int) -> int:
-    return size() if psid == 0 else len(_registry[psid].ranks)
-
-
-def _set_rank(psid: int) -> int:
-    return rank() if psid == 0 else _registry[psid].rank()
-
-
-def _thread_tag() -> str:
-    """"" for the main thread and threads Python did not start (autograd's, for one:
-    which of them runs a backward differs between ranks); else the thread's name,
-    ".<name>". Threads a script starts are named in the order it starts them
-    ("Thread-3 (work)"), the same on every rank."""
-    t = threading.current_thread()
-    if t is threading.main_thread() or isinstance(t, threading._DummyThread):  # noqa: SLF001
-        return ""
-    return "." + t.name
-
-
-def _auto_name(kind: str, name: Optional[str], psid: int = 0) -> str:
-    """The name of an op submitted without one: kind and a count, as Horovod names it.
-    Ranks outside a set do not count its ops (one counter per set), and a thread the
-    script started counts its own ops under its own name: two threads submitting
-    unnamed ops at once would otherwise pair rank 0's op of one thread with rank 1's
-    of the other, a silently wrong result. A thread started in a different order on
-    some rank gets other names there: its ops then wait, and the stall report names
-    them."""
-    if name is not None:
-        return name
-    tag = _thread_tag()
-    with _name_lock:
-        counter = _counters.setdefault((kind, psid, tag), itertools.count())
-        n = next(counter)
-    base = kind if psid == 0 else f"{kind}.ps{psid}"
-    return f"{base}.noname{tag}.{n}"
-
-
-def reset_auto_names() -> None:
-    with _name_lock:
-        _counters.clear()
-
-
-_OPS = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max",
-        Product: "Product"}
-
-
-def _resolve_op(op: Optional[int], average: Optional[bool]) -> int:
-    if average is not None:
-        warnings.warn("Parameter `average` has been replaced with `op` and will be removed",
-                      DeprecationWarning, stacklevel=3)
-        if op is not None:
-            raise ValueError("op and average cannot both be given")
-        return Average if average else Sum
-    if op is None:
-        return Average
-    if isinstance(op, bool) or op not in _OPS:
-        raise ValueError(f"op={op!r} is not a reduction op; use one of "
-                         + ", ".join(f"hvd.{n}" for n in _OPS.values()))
-    return op
-
-
-def _submit(kind: int, inputs: List[torch.Tensor], outputs: List[Optional[torch.Tensor]],
-            names: List[str], op: int = Sum, root: int = 0, prescale: float = 1.0,
-            postscale: float = 1.0, splits: Optional[List[int]] = None,
-            grouped: bool = False, psid: int = 0) -> List[int]:
-    code, message, handles = _C.submit(kind, inputs, outputs, names, int(op), int(root),
-                                       float(prescale), float(postscale),
-                                       list(splits or []), grouped, psid)
-    raise_for_status(code, message)
-    return handles  # the core keeps the tensors alive until the op completes
-
-
-def _contig(tensor: torch.Tensor) -> torch.Tensor:
-    if not isinstance(tensor, torch.Tensor):
-        raise ValueError(f"expected a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.is_sparse:
-        raise ValueError("collectives take dense tensors; for a sparse tensor use "
-                         "hvd.sparse_allreduce_async(tensor, name=..., op=...) "
-                         "(DistributedOptimizer does this for sparse gradients)")
-    return tensor if tensor.is_contiguous() else tensor.contiguous()
-
-
-def poll(handle) -> bool:
-    """True if the op behind `handle` has finished (synchronize() will not block)."""
-    if isinstance(handle, Handle):
-        return handle.poll()
-    done = _C.poll(handle)
-    if done is None:
-        raise ValueError(f"unknown handle {handle}: it was already synchronized or never existed")
-    return done
-
-
-def _wait(handle: int):
-    result = _C.wait(handle)
-    if result is None:
-        raise ValueError(f"unknown handle {handle}: it was already synchronized or never existed")
-    code, message, output, splits = result
-    raise_for_status(code, message)
-    return output, splits
-
-
-def _wait_many(handles: list) -> List[torch.Tensor]:
-    """The outputs of many async ops (not alltoall), as one wait: the core releases
-    the GIL once and makes the caller's stream wait once per fused batch."""
-    if any(isinstance(h, Handle) for h in handles):
-        return [synchronize(h) for h in handles]
-    outs = []
-    for h, result in zip(handles, _C.wait_many(list(handles))):
-        if result is None:
-            raise ValueError(f"unknown handle {h}: it was already synchronized or never existed")
-        code, message, output, _ = result
-        raise_for_status(code, message)
-        outs.append(output)
-    return outs
-
-
-def synchronize(handle):
-    """Waits for an async op; returns its output (alltoall: (output, received_splits))."""
-    if isinstance(handle, Handle):
-        return handle.synchronize()
-    output, splits = _wait(handle)
-    if splits is not None:
-        return output, splits
-    return output
-
+from horovod_torch.process_sets import (ProcessSet, _ps_id, _set_rank, _set_root,  # noqa: F401
+                                        _set_size, add_process_set, global_process_set,
+                                        remove_process_set)
+from horovod_torch.submit import (_OPS, GroupHandle, _auto_name, _contig,  # noqa: F401
+                                  _group_names, _resolve_op, _submit, _wait_many, poll,
+                                  reset_auto_names, synchronize)
 
 # ---------------------------------------------------------------- allreduce
 
@@ -307,11 +86,6 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     return compression.decompress(out, cctx)
 
 
-def _group_names(kind: str, name: Optional[str], n: int, psid: int = 0) -> List[str]:
-    base = _auto_name(kind, name, psid)
-    return [f"{base}.{i}" for i in range(n)]
-
-
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set) -> "GroupHandle":
     """Starts an allreduce of every tensor as one atomic group; returns handles."""
@@ -329,31 +103,6 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     op = _resolve_op(op, average)
     return _grouped(_C.OP_ALLREDUCE, "grouped_allreduce", list(tensors), list(tensors), name,
                     op, prescale_factor, postscale_factor, psid)
-
-
-class GroupHandle(Handle):
-    """The one handle of a grouped op (as in Horovod): ``hvd.synchronize(handle)``
-    returns the list of outputs and ``hvd.poll(handle)`` is True when all are done.
-    It also iterates over the per-tensor handles."""
-
-    def __init__(self, handles):
-        self.handles = list(handles)
-
-    def poll(self) -> bool:
-        return all(poll(h) for h in self.handles)
-
-    def synchronize(self) -> list:
-        # Every member is waited for (and its name freed) before an error is raised.
-        return _wait_many(self.handles)
-
-    def __iter__(self):
-        return iter(self.handles)
-
-    def __len__(self) -> int:
-        return len(self.handles)
-
-    def __getitem__(self, i):
-        return self.handles[i]
 
 
 def _grouped(kind, kind_name, tensors, outputs, name, op, pre, post, psid=0):
@@ -493,17 +242,6 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 
 
 # ---------------------------------------------------------------- broadcast
-
-def _set_root(root_rank: int, psid: int) -> int:
-    """root_rank is a global rank (as in Horovod); the engine wants its index in the set."""
-    if psid == 0:
-        return root_rank
-    ranks = _registry[psid].ranks
-    if root_rank not in ranks:
-        raise ValueError(f"root_rank {root_rank} is not in {_registry[psid]!r}; give the "
-                         "global rank of one of its members")
-    return ranks.index(root_rank)
-
 
 def _broadcast_async(tensor, output, root_rank, name, psid):
     return _submit(_C.OP_BROADCAST, [tensor], [output], [_auto_name("broadcast", name, psid)],
@@ -741,69 +479,3 @@ def join(device: int = -1) -> int:
     return int(out[0])
 
 
-# ---------------------------------------------------------------- process sets
-
-def _register(process_set, static: bool) -> ProcessSet:
-    """Registers a set on every rank (a collective on the global set)."""
-    if not isinstance(process_set, ProcessSet):
-        process_set = ProcessSet(process_set)
-    if process_set.process_set_id == 0:
-        return process_set
-    if process_set.process_set_id is not None and process_set.process_set_id in _registry:
-        raise ValueError(f"{process_set!r} is already registered")
-    bad = [r for r in process_set.ranks if r < 0 or r >= size()]
-    if bad or not process_set.ranks:
-        raise ValueError(f"process set ranks {process_set.ranks} must be non-empty and in "
-                         f"[0, {size()})")
-    if static:  # init(process_sets=[...]): equal sets share one id; all ranks: the global set
-        if process_set.ranks == list(range(size())):
-            process_set.process_set_id = 0
-            return process_set
-        for ps in _registry.values():
-            if ps.process_set_id != 0 and ps.ranks == process_set.ranks:
-                process_set.process_set_id = ps.process_set_id
-                return process_set
-    handle = _submit(_C.OP_ADD_PROCESS_SET, [], [], [_auto_name("add_process_set", None)],
-                     splits=process_set.ranks)[0]
-    process_set.process_set_id = int(synchronize(handle)[0])
-    _registry[process_set.process_set_id] = process_set
-    return process_set
-
-
-def add_process_set(process_set) -> ProcessSet:
-    """Registers a process set (a ProcessSet or a list of ranks) after init; every rank
-    must call it, in the same order. Needs HOROVOD_DYNAMIC_PROCESS_SETS=1. Returns the
-    registered ProcessSet."""
-    if not basics.dynamic_process_sets():
-        raise ValueError("add_process_set() needs dynamic process sets: set "
-                         "HOROVOD_DYNAMIC_PROCESS_SETS=1 for every worker, or pass the sets to "
-                         "hvd.init(process_sets=[...])")
-    return _register(process_set, static=False)
-
-
-def remove_process_set(process_set: ProcessSet) -> bool:
-    """Removes a registered process set on every rank (all must call it); its ops still
-    pending fail. Returns False for the global set or a set that is not registered.
-    Needs HOROVOD_DYNAMIC_PROCESS_SETS=1."""
-    if not basics.dynamic_process_sets():
-        raise ValueError("remove_process_set() needs dynamic process sets: set "
-                         "HOROVOD_DYNAMIC_PROCESS_SETS=1 for every worker")
-    psid = process_set.process_set_id if isinstance(process_set, ProcessSet) else None
-    if not psid or psid not in _registry:
-        return False
-    handle = _submit(_C.OP_REMOVE_PROCESS_SET, [], [],
-                     [_auto_name("remove_process_set", None)], root=psid)[0]
-    synchronize(handle)
-    for ps in [p for p in _registry.values() if p.process_set_id == psid]:
-        ps.invalidate()
-    del _registry[psid]
-    return True
-
-
-def _reset_process_sets() -> None:
-    """After init(): only the global set is registered."""
-    global_process_set.ranks = list(range(size()))
-    for psid, ps in list(_registry.items()):
-        if psid != 0:
-            ps.invalidate()
-            del _registry[psid]

@@ -11,8 +11,9 @@ import torch
 from horovod_torch import _C
 from horovod_torch.basics import Adasum, Average, Sum
 from horovod_torch.compression import Compression, NoneCompressor, _CastCompressor
-from horovod_torch.ops import (ProcessSet, _ps_id, _wait_many, allreduce_async_, global_process_set,
-                               grouped_allreduce_async_, synchronize)
+from horovod_torch.ops import allreduce_async_, grouped_allreduce_async_
+from horovod_torch.process_sets import ProcessSet, _ps_id, global_process_set
+from horovod_torch.submit import _wait_many, synchronize
 
 
 def _ps_included(process_set) -> bool:

@@ -32,8 +32,9 @@ import torch
 
 from horovod_torch import basics
 from horovod_torch.basics import Max, Sum
-from horovod_torch.ops import (_ps_id, _set_rank, _set_size, allreduce_async,
-                               grouped_allgather_async, reducescatter_async, synchronize)
+from horovod_torch.ops import allreduce_async, grouped_allgather_async, reducescatter_async
+from horovod_torch.process_sets import _ps_id, _set_rank, _set_size
+from horovod_torch.submit import synchronize
 from horovod_torch.optimizer import _DistributedOptimizer
 
 

@@ -16,9 +16,11 @@ import torch
 
 from horovod_torch.basics import Average, Sum
 from horovod_torch.handle import Handle
-from horovod_torch.ops import (_auto_name, _ps_id, _set_size, allgather_async,
-                               global_process_set, poll as _poll)
-from horovod_torch.ops import synchronize as _synchronize
+from horovod_torch.ops import allgather_async
+from horovod_torch.process_sets import _ps_id, _set_size, global_process_set
+from horovod_torch.submit import _auto_name
+from horovod_torch.submit import poll as _poll
+from horovod_torch.submit import synchronize as _synchronize
 
 
 class SparseHandle(Handle):

@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 from horovod.common import util  # noqa: F401
 from horovod_torch import basics as _basics
-from horovod_torch.ops import ProcessSet, global_process_set  # noqa: F401
+from horovod_torch.process_sets import ProcessSet, global_process_set  # noqa: F401
 
 
 class MPI:
