@@ -22,7 +22,7 @@ from typing import List
 import torch  # noqa: F401  (loads libtorch before the extension)
 import torch.distributed as dist
 
-from horovod_torch import _ext, basics, launch_env
+from horovod_torch import _ext, basics, launch_env, rendezvous
 
 NAME = "hvd"
 _KEY = "horovod_torch/c10d"  # the keys this module writes in the group's store
@@ -60,7 +60,7 @@ def _start_through_store(store, rank: int, size: int) -> None:
             address = "127.0.0.1"
             if world["local_size"] < size:
                 master = launch_env.read().master_addr or socket.gethostname()
-                address = basics.store_address(master, multi_host=True)
+                address = rendezvous.store_address(master, multi_host=True)
             _server = _ext._C.StoreServer(address, 0, secret)
         except (ValueError, RuntimeError) as exc:
             # The others would wait for the address until torch's store times out.
