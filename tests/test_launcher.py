@@ -390,7 +390,7 @@ def test_two_workers_with_one_label_keep_their_lines_apart() -> None:
     "FINAL rank=1 ...FINAL rank=2 ..." when the forwarder kept one buffer per label)."""
     import io
     import threading
-    from horovod_torch.runner.driver import OutputForwarder
+    from horovod_torch.runner.output import OutputForwarder
     out = io.BytesIO()
     forwarder = OutputForwarder(out, err_stream=io.BytesIO())
     code = ("import sys, time; sys.stdout.write('line %s'); sys.stdout.flush(); "

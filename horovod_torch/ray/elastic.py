@@ -35,9 +35,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from horovod_torch.ray import _common
 from horovod_torch.ray._common import Settings, setting
 from horovod_torch.ray.worker import REMOVED, BaseHorovodWorker
-from horovod_torch.runner import driver as runner_driver
 from horovod_torch.runner.elastic_driver import UNBOUNDED, ElasticDriver, ElasticOptions
 from horovod_torch.runner.hosts import SlotInfo
+from horovod_torch.runner.output import OutputForwarder, TextSink
 
 
 class RayHostDiscovery:
@@ -403,9 +403,8 @@ class ElasticRayExecutor:
                 env.update({str(k): str(v) for k, v in self.env_vars.items()})
                 return env
 
-            forwarder = runner_driver.OutputForwarder(
-                runner_driver.TextSink(sys.stdout), prefix=False,
-                err_stream=runner_driver.TextSink(sys.stderr))
+            forwarder = OutputForwarder(TextSink(sys.stdout), prefix=False,
+                                        err_stream=TextSink(sys.stderr))
             with _common.Callbacks(callbacks) as cbs:
                 spawner = _RaySpawner(self, fn, cbs.queue)
                 code = ElasticDriver(self._options(), store.server, ["<ray actor>"], env_for,

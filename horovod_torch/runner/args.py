@@ -11,13 +11,13 @@ import sys
 from typing import List, Optional, Sequence
 
 from horovod_torch import config
-from horovod_torch.runner import driver, hosts, network
+from horovod_torch.runner import hosts, network, output
 from horovod_torch.runner.options import (OWN_KNOB_OPTIONS, apply_config_file, knob_dest,
                                           make_parser)
 
 def notice(option: str, why: str) -> None:
     """One line on stderr for an accepted option that does nothing here."""
-    driver.log(f"{option} has no effect in horovod_torch: {why}")
+    output.log(f"{option} has no effect in horovod_torch: {why}")
 
 
 def parse_args(argv: Optional[Sequence[str]] = None,

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Callable, Dict, Optional, Tuple
 
-from horovod_torch.runner import driver, hosts
+from horovod_torch.runner import hosts, output
 
 DISCOVERY_PERIOD_S = 1.0  # from the end of one discovery run to the start of the next
 DISCOVERY_TIMEOUT_S = 30.0  # a run taking longer is killed (its whole process group)
@@ -249,7 +249,7 @@ class HostBook:
             found, error, timed_out = outcome
             if found is not None:
                 if self._trouble is not None:
-                    driver.log("host discovery works again")
+                    output.log("host discovery works again")
                 self._trouble = None
                 found = self._drop_remote(found)
             else:
@@ -269,7 +269,7 @@ class HostBook:
             plan = f"keeping the last host list ({known}) meanwhile"
         else:
             plan = f"no host known yet: {self._waiting}"
-        driver.log(f"host discovery failed: {error}; {plan}" +
+        output.log(f"host discovery failed: {error}; {plan}" +
                    ("; will keep trying, without saying so again" if timed_out else ""))
 
     def _drop_remote(self, found: Dict[str, int]) -> Dict[str, int]:
@@ -277,7 +277,7 @@ class HostBook:
             remote = [h for h in found if not hosts.is_local_host(h)]
             new = [h for h in remote if h not in self._refused]
             if new:
-                driver.log(f"ignoring remote hosts {','.join(new)}: the rendezvous store "
+                output.log(f"ignoring remote hosts {','.join(new)}: the rendezvous store "
                            "listens on 127.0.0.1 (no remote host was known at start); "
                            "pass --network-interface to allow them")
                 self._refused.update(new)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from horovod_torch import config, elastic_keys
-from horovod_torch.runner import discovery, driver, hosts
+from horovod_torch.runner import discovery, driver, hosts, output
 
 # Horovod's words at these events (users grep for them).
 WORKER_EXIT_MESSAGE = "Process {rank} exit with status code {code}."
@@ -82,7 +82,7 @@ class ElasticOptions:
 class ElasticDriver:
     def __init__(self, opts: ElasticOptions, store, command: Sequence[str],
                  env_for: Callable[[str, hosts.SlotInfo], Dict[str, str]],
-                 forwarder: driver.OutputForwarder,
+                 forwarder: output.OutputForwarder,
                  spawner: Optional[driver.HostSpawner] = None) -> None:
         self._o = opts
         self._store = store
@@ -133,7 +133,7 @@ class ElasticDriver:
         try:
             proc = self._spawner.spawn(slot, self._command, env)
         except OSError as exc:
-            driver.log(f"cannot start a worker on host {slot.hostname}: {exc}")
+            output.log(f"cannot start a worker on host {slot.hostname}: {exc}")
             # A stand-in that has failed, so the host is blacklisted like any other.
             proc = subprocess.Popen(["false"], start_new_session=True)
         reader = threading.Thread(target=self._forwarder.pump,
@@ -219,7 +219,7 @@ class ElasticDriver:
         self._store.set(elastic_keys.added_key(self._gen), b"1" if added else b"0")
         self._store.set(elastic_keys.GEN_KEY, str(self._gen).encode())
         if self._o.verbose or self._gen > 0:
-            driver.log(f"generation {self._gen}: {len(live)} workers on "
+            output.log(f"generation {self._gen}: {len(live)} workers on "
                        f"{', '.join(f'{h}:{len(ws)}' for h, ws in per_host.items())}")
         return True
 
@@ -255,7 +255,7 @@ class ElasticDriver:
             if self._signal:
                 return 128 + self._signal
             if time.monotonic() > deadline:
-                driver.log(f"only {sum(self._book.listed.values())} slots were discovered, "
+                output.log(f"only {sum(self._book.listed.values())} slots were discovered, "
                            f"fewer than --min-np {self._o.min_np}, within --elastic-timeout")
                 return 1
             time.sleep(POLL_S)
@@ -286,10 +286,10 @@ class ElasticDriver:
                                                      code=code))
                 fatal = self._store.get(elastic_keys.FATAL_KEY)
                 if fatal is not None:  # e.g. the committed state was lost: no retry helps
-                    driver.log(f"worker {w.worker_id} (rank {w.rank}) exited with code "
+                    output.log(f"worker {w.worker_id} (rank {w.rank}) exited with code "
                                f"{code}: {fatal.decode(errors='replace')}; stopping the job")
                     return 1
-                driver.log(f"worker {w.worker_id} (rank {w.rank}) exited with code "
+                output.log(f"worker {w.worker_id} (rank {w.rank}) exited with code "
                            f"{code}{driver.describe_start_failure(w.proc)}; "
                            "re-forming the job without it")
                 self._cancel_rendezvous(w, code)
@@ -330,23 +330,23 @@ class ElasticDriver:
                     if self._pending():
                         continue
                 if len(self._live()) < self._o.min_np and self._book.all_out_for_good():
-                    driver.log(f"every host has failed and is blacklisted "
+                    output.log(f"every host has failed and is blacklisted "
                                f"({', '.join(self._book.listed)}); fewer than --min-np "
                                f"{self._o.min_np} workers remain; stopping")
                     if self._first_failure is not None:
                         name, code = self._first_failure
-                        driver.log(JOB_FAILED_MESSAGE.format(name=name, code=code))
+                        output.log(JOB_FAILED_MESSAGE.format(name=name, code=code))
                     return 1
                 if len(self._live()) < self._o.min_np:
                     waiting_since = waiting_since or time.monotonic()
                     if time.monotonic() - waiting_since > self._o.elastic_timeout:
-                        driver.log(f"fewer than --min-np {self._o.min_np} workers for "
+                        output.log(f"fewer than --min-np {self._o.min_np} workers for "
                                    f"{self._o.elastic_timeout:.0f} s; stopping")
                         return 1
                     continue
                 waiting_since = None
                 if not self._publish(added=added or any(w.rank < 0 for w in self._live())):
-                    driver.log(RESET_LIMIT_EXCEEDED_MESSAGE.format(self._o.reset_limit) +
+                    output.log(RESET_LIMIT_EXCEEDED_MESSAGE.format(self._o.reset_limit) +
                                f" (the job was re-formed {self._gen} times, and --reset-limit "
                                f"{self._o.reset_limit} allows no more); stopping")
                     return 1
@@ -367,7 +367,7 @@ class ElasticDriver:
         for w in finished:
             if (w.worker_id in self._members and self._store.get(elastic_keys.addr_key(
                     self._gen, self._members.index(w.worker_id))) is None):
-                driver.log(f"worker {w.worker_id} finished the training before generation "
+                output.log(f"worker {w.worker_id} finished the training before generation "
                            f"{self._gen} formed; stopping the workers that wait for it")
                 return True
         return False
@@ -380,7 +380,7 @@ class ElasticDriver:
         for w in list(self._workers.values()):
             if (driver.waiting_to_start(w.proc) and w.proc.poll() is None
                     and now - w.started_at > self._o.start_timeout):
-                driver.log(f"host {w.host} did not answer within --start-timeout "
+                output.log(f"host {w.host} did not answer within --start-timeout "
                            f"{self._o.start_timeout:g} s; blacklisting it")
                 with_suppress_kill(w.proc)
                 w.proc.wait()
@@ -417,7 +417,7 @@ class ElasticDriver:
         if len(stayed) != 1 or now - self._failure_seen[1] < HUNG_GRACE_S:
             return
         w = stayed[0]
-        driver.log(f"worker {w.worker_id} (rank {w.rank}) is still running but never left "
+        output.log(f"worker {w.worker_id} (rank {w.rank}) is still running but never left "
                    f"generation {self._gen}, which failed "
                    f"({failure.decode(errors='replace')}), as the other {len(members) - 1} "
                    "workers did: it is stopped or hung; killing it")
@@ -446,7 +446,7 @@ class ElasticDriver:
         gone = [w for w in live if w.host not in self._book.listed]
         if not gone:
             if self._vanished_since is not None:
-                driver.log("the hosts are listed again; the job goes on unchanged")
+                output.log("the hosts are listed again; the job goes on unchanged")
             self._vanished_since = None
             return False
         now = time.monotonic()
@@ -459,12 +459,12 @@ class ElasticDriver:
         if self._vanished_since is None:
             self._vanished_since = now
             names = ", ".join(sorted({w.host for w in gone}))
-            driver.log(f"host discovery no longer lists {names}; without their workers fewer "
+            output.log(f"host discovery no longer lists {names}; without their workers fewer "
                        f"than --min-np {self._o.min_np} would remain, so they train on until "
                        f"the hosts come back, other workers can take over, or "
                        f"--elastic-timeout {self._o.elastic_timeout:g} s")
         elif now - self._vanished_since > self._o.elastic_timeout:
-            driver.log(f"fewer than --min-np {self._o.min_np} workers on listed hosts for "
+            output.log(f"fewer than --min-np {self._o.min_np} workers on listed hosts for "
                        f"{self._o.elastic_timeout:.0f} s; stopping")
             return None
         return False
@@ -484,13 +484,13 @@ class ElasticDriver:
         if not any(w.host == host for w in self._live()):
             return False
         if not self._can_remove_host(host):
-            driver.log(f"not evicting host {host} ({reason}): fewer than --min-np "
+            output.log(f"not evicting host {host} ({reason}): fewer than --min-np "
                        f"{self._o.min_np} workers would remain")
             return False
         until = self._book.blacklist(host)
         back = ("for good (no --blacklist-cooldown-range)" if until == float("inf") else
                 f"for {until:.0f} s (blacklist cool-down)")
-        driver.log(f"evicting host {host} {back}: {reason}")
+        output.log(f"evicting host {host} {back}: {reason}")
         return self._remove_host(host)
 
     def _can_remove_host(self, host: str) -> bool:

@@ -38,7 +38,7 @@ import subprocess
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
-from horovod_torch.runner import driver, hosts, network, remote
+from horovod_torch.runner import driver, hosts, network, output, remote
 from horovod_torch.runner.args import is_elastic, parse_args
 from horovod_torch.runner.options import knob_env
 
@@ -55,10 +55,10 @@ def _check_commands(args: argparse.Namespace, local_command: bool = True,
     """None if the worker command (and the remote-exec command) can be found, else
     the exit code after saying which one is missing."""
     if local_command and not _command_exists(args.command[0]):
-        driver.log(f"command not found: {args.command[0]}")
+        output.log(f"command not found: {args.command[0]}")
         return 127
     if remote_exec is not None and not _command_exists(remote_exec.prefix[0]):
-        driver.log(f"command not found: {remote_exec.prefix[0]} (it starts the workers "
+        output.log(f"command not found: {remote_exec.prefix[0]} (it starts the workers "
                    "on remote hosts; install openssh-client or pass --ssh-command)")
         return 127
     return None
@@ -74,7 +74,7 @@ def _start_job(args: argparse.Namespace, local_command: bool = True,
     try:
         return secret, _start_store(secret, args.store_addr)
     except Exception as exc:  # pylint: disable=broad-except
-        driver.log(f"failed to start the rendezvous store on {args.store_addr}: {exc}")
+        output.log(f"failed to start the rendezvous store on {args.store_addr}: {exc}")
         return 1
 
 
@@ -96,7 +96,7 @@ def _elastic_store_address(args: argparse.Namespace) -> Optional[str]:
         remote_hosts = [h for h in found if not hosts.is_local_host(h)]
         return network.store_address(None, remote_hosts)
     except ValueError as exc:
-        driver.log(str(exc))
+        output.log(str(exc))
         return None
 
 
@@ -108,10 +108,10 @@ def store_address(args: argparse.Namespace) -> Optional[str]:
     return args.store_addr
 
 
-def _output_forwarder(args: argparse.Namespace, ranks: int) -> driver.OutputForwarder:
+def _output_forwarder(args: argparse.Namespace, ranks: int) -> output.OutputForwarder:
     """Worker output goes to our stdout/stderr, prefixed unless --disable-prefix, with
     the time with --prefix-output-with-timestamp, and into --output-filename DIR."""
-    return driver.OutputForwarder(
+    return output.OutputForwarder(
         _binary(sys.stdout), prefix=not args.disable_prefix,
         err_stream=_binary(sys.stderr), timestamp=args.prefix_timestamp,
         output_dir=args.output_filename, ranks=ranks)
@@ -120,7 +120,7 @@ def _output_forwarder(args: argparse.Namespace, ranks: int) -> driver.OutputForw
 def _binary(stream: Any) -> Any:
     """The byte stream under a text stream, or an adapter (Jupyter's have none)."""
     buffer = getattr(stream, "buffer", None)
-    return buffer if buffer is not None else driver.TextSink(stream)
+    return buffer if buffer is not None else output.TextSink(stream)
 
 
 def run_elastic(args: argparse.Namespace) -> int:
@@ -132,7 +132,7 @@ def run_elastic(args: argparse.Namespace) -> int:
     if args.store_addr != network.LOOPBACK:
         remote_exec = _remote_exec(args)
     elif args.ssh_command or args.ssh_port or args.ssh_identity_file:
-        driver.log("the discovery script lists only local hosts: the store listens on "
+        output.log("the discovery script lists only local hosts: the store listens on "
                    f"{network.LOOPBACK} and remote hosts found later will be refused "
                    "(pass --network-interface to allow them)")
     started = _start_job(args, remote_exec=remote_exec)
@@ -163,7 +163,7 @@ def run_elastic(args: argparse.Namespace) -> int:
                           evict_stragglers=args.straggler_policy == "evict",
                           start_timeout=float(args.start_timeout))
     if args.verbose:
-        driver.log(f"rendezvous store at {args.store_addr}:{port}")
+        output.log(f"rendezvous store at {args.store_addr}:{port}")
     spawner = driver.HostSpawner(remote_exec)
     try:
         return ElasticDriver(opts, server, args.command, env_for,
@@ -284,11 +284,11 @@ def run_mpi(args: argparse.Namespace) -> int:
     """horovodrun --mpi: hand the job to mpirun (same hosts and slots); the workers
     run over MPI. Output is tagged by mpirun unless --disable-prefix."""
     if not _command_exists("mpirun"):
-        driver.log("--mpi needs OpenMPI's mpirun on PATH (e.g. apt-get install openmpi-bin)")
+        output.log("--mpi needs OpenMPI's mpirun on PATH (e.g. apt-get install openmpi-bin)")
         return 2
     import horovod_torch  # pylint: disable=import-outside-toplevel
     if not horovod_torch.mpi_built():
-        driver.log("--mpi needs a build of horovod_torch with MPI: install libopenmpi-dev "
+        output.log("--mpi needs a build of horovod_torch with MPI: install libopenmpi-dev "
                    "and rebuild, or run without --mpi (TCP transport)")
         return 2
     hosts_arg = ",".join(f"{h.hostname}:{h.slots}" for h in args.host_list)
@@ -317,20 +317,20 @@ def run_mpi(args: argparse.Namespace) -> int:
         cmd += ["-x", k]
     cmd += shlex.split(args.mpi_args) + list(args.command)
     if args.verbose:
-        driver.log("running: " + " ".join(shlex.quote(c) for c in cmd))
+        output.log("running: " + " ".join(shlex.quote(c) for c in cmd))
     return subprocess.call(cmd, env=env)
 
 
 def _print_assignment(slots: List[hosts.SlotInfo], addr: str, port: int,
                       remote_exec: Optional[remote.RemoteExec]) -> None:
-    driver.log(f"rendezvous store at {addr}:{port}")
-    driver.log(f"rank assignment ({len(slots)} processes):")
+    output.log(f"rendezvous store at {addr}:{port}")
+    output.log(f"rank assignment ({len(slots)} processes):")
     for s in slots:
-        driver.log(f"  rank {s.rank}: host={s.hostname} "
+        output.log(f"  rank {s.rank}: host={s.hostname} "
                    f"local_rank={s.local_rank} local_size={s.local_size} "
                    f"cross_rank={s.cross_rank} cross_size={s.cross_size}")
     if remote_exec is not None:
-        driver.log(f"remote workers start with: {' '.join(remote_exec.prefix)} HOST "
+        output.log(f"remote workers start with: {' '.join(remote_exec.prefix)} HOST "
                    f"'{remote_exec.shell_command()[:60]}...' (job {remote_exec.job_id})")
 
 
@@ -350,7 +350,7 @@ def run_static(args: argparse.Namespace) -> int:
     try:
         reservation = reserve_port(args.store_addr)
     except OSError as exc:
-        driver.log(f"failed to start the rendezvous store on {args.store_addr}: {exc}")
+        output.log(f"failed to start the rendezvous store on {args.store_addr}: {exc}")
         return 1
     port = int(reservation.getsockname()[1])
     server: Any = None
@@ -360,7 +360,7 @@ def run_static(args: argparse.Namespace) -> int:
         try:
             server = _start_store(secret, args.store_addr, port)
         except Exception as exc:  # pylint: disable=broad-except
-            driver.log(f"failed to start the rendezvous store on {args.store_addr}:{port}: "
+            output.log(f"failed to start the rendezvous store on {args.store_addr}:{port}: "
                        f"{exc}")
             return 1
         finally:

@@ -11,7 +11,7 @@ import sys
 from typing import Dict, NoReturn, Optional, Sequence, Tuple
 
 from horovod_torch import config, extras
-from horovod_torch.runner import driver
+from horovod_torch.runner import output
 
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 # Defined by make_parser itself, with their own checks; listed in config.KNOB_FLAGS
@@ -356,7 +356,7 @@ def apply_config_file(parser: argparse.ArgumentParser, args: argparse.Namespace)
                 value = "1" if bool(value) == (how == "bool") else "0"
             setattr(args, dest, value)
     if unknown:
-        driver.log(f"{where}: ignoring unknown setting(s): {', '.join(unknown)}")
+        output.log(f"{where}: ignoring unknown setting(s): {', '.join(unknown)}")
 
 
 def knob_env(args: argparse.Namespace) -> Dict[str, str]:
