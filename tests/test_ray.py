@@ -264,6 +264,9 @@ def test_elastic_min_workers_more_than_the_cluster_offers_times_out_clearly(loca
         ex.start()
     with pytest.raises(ValueError, match="max_workers"):
         ElasticRayExecutor(min_workers=3, max_workers=2)
+    # Before: accepted, and the driver then never formed a generation.
+    with pytest.raises(ValueError, match="reset_limit must be >= 0"):
+        ElasticRayExecutor(reset_limit=-1)
 
 
 @timeout(90)

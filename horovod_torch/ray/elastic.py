@@ -286,6 +286,9 @@ class ElasticRayExecutor:
         if self.max_workers is not None and self.max_workers < self.min_workers:
             raise ValueError(f"max_workers ({self.max_workers}) must be >= min_workers "
                              f"({self.min_workers})")
+        if self.reset_limit is not None and int(self.reset_limit) < 0:
+            raise ValueError(f"reset_limit must be >= 0 (or None: no limit): got "
+                             f"{self.reset_limit}")
         if self.cooldown_range and not 0 <= self.cooldown_range[0] <= self.cooldown_range[1]:
             raise ValueError(f"cooldown_range needs 0 <= lo <= hi: got {self.cooldown_range}")
         discovery = getattr(settings, "discovery", None)

@@ -204,7 +204,7 @@ class ElasticDriver:
         members = [w.worker_id for w in live]
         if members == self._members:
             return True  # e.g. a new host failed before it ever joined: nothing to tell
-        if self._o.reset_limit is not None and self._gen >= self._o.reset_limit:
+        if self._gen >= 0 and self._o.reset_limit is not None and self._gen >= self._o.reset_limit:
             return False
         self._members = members
         self._gen += 1
