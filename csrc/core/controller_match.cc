@@ -1,0 +1,257 @@
+// The coordinator's matching: the ranks' requests for one name checked against each
+// other and made into one response (or one error naming the disagreement), and the
+// failures that end pending names (joined ranks, failed groups).
+#include <string>
+
+#include "common/check.h"
+#include "core/controller.h"
+
+namespace hvd {
+namespace {
+
+// Plain string building (no iostreams: the extension may meet a different
+// libstdc++ in the host process, and its locale facets then crash integer output).
+std::string ShapeStr(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// Builds "rank 0 has X, rank 1 has Y".
+template <typename F>
+std::string Disagreement(const std::vector<Request>& reqs, F field) {
+  std::string s;
+  for (size_t r = 0; r < reqs.size(); ++r) {
+    s += (r ? ", rank " : "rank ") + std::to_string(reqs[r].rank) + " has " + field(reqs[r]);
+  }
+  return s;
+}
+
+}  // namespace
+
+// The request of a rank that submitted a pending name (the highest), or nullptr.
+static const Request* Submitted(const std::vector<Request>& by_rank) {
+  const Request* r0 = nullptr;
+  for (const auto& q : by_rank) {
+    if (!q.name.empty()) r0 = &q;
+  }
+  return r0;
+}
+
+// An error response for a pending name that only the ranks that submitted it take
+// (they are listed in rank_rows; the others ignore it, also if they have since
+// submitted an op of that name).
+static Response ErrorForSubmitters(const std::string& name, const std::vector<Request>& by_rank,
+                                   const std::string& error) {
+  const Request& r0 = *Submitted(by_rank);
+  Response resp;
+  resp.type = r0.type;
+  resp.name = name;
+  resp.group_id = r0.group_id;
+  resp.error = error;
+  for (size_t r = 0; r < by_rank.size(); ++r) {
+    if (!by_rank[r].name.empty()) resp.rank_rows.push_back(static_cast<int64_t>(r));
+  }
+  return resp;
+}
+
+// While a rank has joined, only allreduces run (it contributes zeros): any other op
+// fails at once on the ranks that submitted it. Waiting for the rest to submit it
+// would hang when their unnamed ops are numbered apart (a rank that joined earlier
+// skipped one, as in Horovod's test_horovod_join_allgather at 4 ranks). A cached
+// repeat of such an op is invalidated instead, so that its ranks send it in full
+// next cycle and it fails here (before, it ran on the joined rank without a tensor:
+// a segfault).
+void Controller::FailBesideJoin(const std::vector<RequestList>& lists,
+                                std::map<int64_t, std::string>* failed_groups, ResponseList* out) {
+  const int size = static_cast<int>(joined_.size());
+  std::string joined;
+  for (int r = 0; r < size; ++r) {
+    if (joined_[r]) joined += (joined.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (joined.empty()) return;
+  auto allowed = [](OpType t) { return t == OpType::kAllreduce || t == OpType::kJoin; };
+  for (size_t pos = 0; pos < cache_.capacity(); ++pos) {
+    bool any = false;
+    for (const auto& l : lists) any = any || TestBit(l.ready_bits, pos);
+    if (any && !allowed(cache_.Get(static_cast<int>(pos)).type)) SetBit(&out->invalid_bits, pos);
+  }
+  for (auto it = table_.begin(); it != table_.end();) {
+    const Request* r0 = Submitted(it->second.by_rank);
+    if (r0 == nullptr || allowed(r0->type)) {
+      ++it;
+      continue;
+    }
+    Response resp = ErrorForSubmitters(
+        it->first, it->second.by_rank,
+        "'" + it->first + "' is a " + OpTypeName(r0->type) + ", but ranks [" + joined +
+            "] called hvd.join(); only allreduce can run while ranks have joined");
+    for (const auto& q : it->second.by_rank) {
+      if (!q.name.empty() && q.group_id != 0) failed_groups->emplace(q.group_id, resp.error);
+    }
+    if (timeline_ != nullptr) timeline_->NegotiateEnd(resp.name);
+    out->responses.push_back(std::move(resp));
+    it = table_.erase(it);
+  }
+}
+
+// A group that failed to match fails whole: members that some ranks submitted and
+// others never will (the ranks' groups differ in size) would otherwise stay pending
+// forever; each fails on the ranks that submitted it.
+void Controller::FailRestOfFailedGroups(const std::map<int64_t, std::string>& failed,
+                                        ResponseList* out) {
+  if (failed.empty()) return;
+  for (auto it = table_.begin(); it != table_.end();) {
+    const Request* r0 = Submitted(it->second.by_rank);
+    auto f = r0 == nullptr ? failed.end() : failed.find(r0->group_id);
+    if (r0 == nullptr || r0->group_id == 0 || f == failed.end()) {
+      ++it;
+      continue;
+    }
+    out->responses.push_back(ErrorForSubmitters(it->first, it->second.by_rank, f->second));
+    it = table_.erase(it);
+  }
+}
+
+Response Controller::Match(const std::vector<Request>& reqs, int size) {
+  const Request& a = reqs[0];
+  Response resp;
+  resp.type = a.type;
+  resp.name = a.name;
+  resp.dtype = a.dtype;
+  resp.op = a.op;
+  resp.root = a.root;
+  resp.prescale = a.prescale;
+  resp.postscale = a.postscale;
+  resp.shape = a.shape;
+  resp.group_id = a.group_id;
+  resp.on_gpu = a.device >= 0;
+  auto fail = [&](const std::string& what, const std::string& detail) {
+    resp.error = "Mismatched " + what + " for '" + a.name + "': " + detail +
+                 ". Every rank must submit the same collective with matching arguments.";
+    return resp;
+  };
+  for (const auto& r : reqs) {
+    if (r.type != a.type) {
+      return fail("collective operations", Disagreement(reqs, [](const Request& q) {
+                    return std::string(OpTypeName(q.type));
+                  }));
+    }
+  }
+  for (const auto& r : reqs) {
+    if (!std::isfinite(r.prescale) || !std::isfinite(r.postscale)) {
+      resp.error = "The scale factors of '" + a.name + "' must be finite numbers: " +
+                   Disagreement(reqs,
+                                [](const Request& q) {
+                                  return "prescale " + std::to_string(q.prescale) +
+                                         " / postscale " + std::to_string(q.postscale);
+                                }) +
+                   ".";
+      return resp;
+    }
+  }
+  for (const auto& r : reqs) {
+    if ((r.device >= 0) != (a.device >= 0)) {
+      return fail("devices", Disagreement(reqs, [](const Request& q) {
+                    return std::string(q.device >= 0 ? "a CUDA tensor" : "a CPU tensor");
+                  }));
+    }
+    if (r.dtype != a.dtype) {
+      return fail("data types", Disagreement(reqs, [](const Request& q) {
+                    return std::string(DataTypeName(q.dtype));
+                  }));
+    }
+    if (r.op != a.op) {
+      return fail("reduction ops", Disagreement(reqs, [](const Request& q) {
+                    return std::string(ReduceOpName(q.op));
+                  }));
+    }
+    if (r.prescale != a.prescale || r.postscale != a.postscale) {
+      return fail("scale factors", Disagreement(reqs, [](const Request& q) {
+                    return "prescale " + std::to_string(q.prescale) + " / postscale " +
+                           std::to_string(q.postscale);
+                  }));
+    }
+    if (r.root != a.root && a.type == OpType::kRemoveProcessSet) {
+      return fail("process sets to remove", Disagreement(reqs, [](const Request& q) {
+                    return "id " + std::to_string(q.root);
+                  }));
+    }
+    if (r.root != a.root) {
+      return fail("root ranks",
+                  Disagreement(reqs, [](const Request& q) { return std::to_string(q.root); }));
+    }
+    if (a.type == OpType::kBroadcast && (a.root < 0 || a.root >= size)) {
+      resp.error = "broadcast of '" + a.name + "': root_rank " + std::to_string(a.root) +
+                   " is out of range [0, " + std::to_string(size) + ") on every rank";
+      return resp;
+    }
+    if (r.group_id != a.group_id || r.group_size != a.group_size) {
+      return fail("groups", Disagreement(reqs, [](const Request& q) {
+                    return "group of " + std::to_string(q.group_size);
+                  }));
+    }
+  }
+  auto shapes = [](const Request& q) { return ShapeStr(q.shape); };
+  switch (a.type) {
+    case OpType::kAllreduce:
+    case OpType::kBroadcast:
+    case OpType::kReducescatter:
+      for (const auto& r : reqs) {
+        if (r.shape != a.shape) return fail("tensor shapes", Disagreement(reqs, shapes));
+      }
+      if (a.type == OpType::kReducescatter) {
+        for (const auto& r : reqs) {
+          if (r.splits != a.splits) {
+            return fail("splits", Disagreement(reqs, [](const Request& q) {
+                          return q.splits.empty() ? std::string("none") : ShapeStr(q.splits);
+                        }));
+          }
+        }
+        resp.rank_rows = a.splits;
+      }
+      break;
+    case OpType::kAllgather:
+    case OpType::kAlltoall:
+      for (const auto& r : reqs) {
+        if (r.shape.size() != a.shape.size() || r.shape.empty() ||
+            !std::equal(r.shape.begin() + 1, r.shape.end(), a.shape.begin() + 1)) {
+          return fail("tensor shapes (all but the first dimension must match)",
+                      Disagreement(reqs, shapes));
+        }
+      }
+      for (const auto& r : reqs) {
+        if (a.type == OpType::kAllgather) {
+          resp.rank_rows.push_back(r.shape[0]);
+        } else {
+          HVD_CHECK(static_cast<int>(r.splits.size()) == size);
+          resp.rank_rows.insert(resp.rank_rows.end(), r.splits.begin(), r.splits.end());
+        }
+      }
+      break;
+    case OpType::kAddProcessSet:
+      for (const auto& r : reqs) {
+        if (r.splits != a.splits) {
+          return fail("process sets to add",
+                      Disagreement(reqs, [](const Request& q) { return ShapeStr(q.splits); }));
+        }
+      }
+      resp.rank_rows = a.splits;
+      break;
+    case OpType::kBarrier:
+    case OpType::kJoin:
+    case OpType::kRemoveProcessSet:
+      break;
+  }
+  return resp;
+}
+
+Response Controller::MatchJoined(const std::vector<Request>& reqs, int size) {
+  std::vector<Request> present;
+  for (const auto& r : reqs) {
+    if (!r.name.empty()) present.push_back(r);
+  }
+  return Match(present, size);  // an allreduce: any other op failed in FailBesideJoin
+}
+
+}  // namespace hvd
