@@ -1,8 +1,9 @@
 // pybind11 module horovod_torch._C. Holds the process's one Runtime (created by
 // init, destroyed by shutdown) and the handle table that outlives it. Errors are
 // returned to Python as (code, message) so horovod_torch/basics.py can raise the
-// right exception type (see common/status.h). The gradient hooks are in
-// grad_hooks.cc; module_state.h is what they use of this file.
+// right exception type (see common/status.h). Waits are in waits.cc, the gradient
+// hooks in grad_hooks.cc, the store's bindings in store_bindings.cc; module_state.h is
+// what they use of this file.
 #include <torch/extension.h>
 
 #include <unistd.h>
@@ -10,8 +11,6 @@
 #include <atomic>
 #include <functional>
 #include <limits>
-#include <map>
-#include <unordered_set>
 
 #include "common/config.h"
 #include "common/logging.h"
@@ -19,10 +18,7 @@
 #include "core/gpu_backend.h"
 #include "core/runtime.h"
 #include "python/c10d_backend.h"
-#include "python/grad_hooks.h"
 #include "python/module_state.h"
-#include "python/pass_counter.h"
-#include "rendezvous/store.h"
 
 namespace py = pybind11;
 
@@ -269,176 +265,6 @@ py::tuple SubmitOne(int type, const at::Tensor& input, const c10::optional<at::T
   return py::make_tuple(static_cast<int>(st.code()), st.message(), handle);
 }
 
-py::object Poll(int handle) {
-  auto h = G().handles.Find(handle);
-  if (!h) return py::none();
-  return py::bool_(h->Poll());
-}
-
-// (code, message, output or None, received splits or None) of a finished op.
-py::tuple Result(const HandleState& h) {
-  const Status& st = h.status();
-  py::object out = h.output().defined() ? py::cast(h.output()) : py::none();
-  py::object splits = h.splits().defined() ? py::cast(h.splits()) : py::none();
-  return py::make_tuple(static_cast<int>(st.code()), st.message(), out, splits);
-}
-
-// "file:line in function" of the innermost Python frame outside horovod_torch and
-// torch (the user's call: `optimizer.step()`, not torch's wrapper of it), or
-// "(unknown)". Walks the frames without reading source lines. Needs the GIL.
-std::string PythonCaller() {
-  try {
-    auto dir_of = [](const char* module) {
-      return py::module_::import("os.path")
-                 .attr("dirname")(py::module_::import(module).attr("__file__"))
-                 .cast<std::string>() +
-             "/";
-    };
-    // Not function-local statics: their first initialisation would run Python (which
-    // may hand the GIL to another thread) under the static's guard, a deadlock if that
-    // thread reaches the same guard. Both modules are loaded: a dictionary lookup each.
-    const std::string ours = dir_of("horovod_torch");
-    const std::string torch_dir = dir_of("torch");
-    py::object frame = py::module_::import("sys").attr("_getframe")(0);
-    for (; !frame.is_none(); frame = frame.attr("f_back")) {
-      py::object code = frame.attr("f_code");
-      const std::string file = code.attr("co_filename").cast<std::string>();
-      if (file.rfind(ours, 0) == 0 || file.rfind(torch_dir, 0) == 0) continue;
-      return file + ":" + std::to_string(frame.attr("f_lineno").cast<int>()) + " in " +
-             code.attr("co_name").cast<std::string>();
-    }
-  } catch (const py::error_already_set&) {
-  }
-  return "(unknown)";
-}
-
-// Tells the runtime that a thread waits for op `name` in the Python caller `site`
-// (the coordinator's stall report names it), or with an empty site that it no
-// longer does. Called without the GIL.
-void NoteWait(const std::string& name, const std::string& site) {
-  MutexLock lock(G().mu);
-  if (!G().runtime) return;
-  if (site.empty()) {
-    G().runtime->EndWait(name);
-  } else {
-    G().runtime->NoteWait(name, site);
-  }
-}
-
-// Waits for `h` with the GIL released (called with it held). Every 100 ms it looks
-// at Python's signals, so that Ctrl-C, or a test runner's timeout, interrupts a
-// collective that never completes as it interrupts any other call: it then throws
-// py::error_already_set (the op goes on; its name is freed once it completes).
-// A wait longer than half a second (or half the stall check time) reads the Python
-// file and line of the caller (only then, so a short wait costs nothing) and hands
-// it to the runtime, which sends it with its next full cycle: the coordinator's
-// stall report then says, in one message, where each rank waits. A wait longer than
-// the stall check time also logs it on this rank, once.
-void WaitInterruptibly(HandleState& h, double spin_us) {
-  constexpr std::chrono::milliseconds kSignalCheck(100);
-  bool done = h.done();
-  if (done) {
-    h.ReleaseName();
-    return;
-  }
-  const auto start = std::chrono::steady_clock::now();
-  {
-    py::gil_scoped_release nogil;
-    done = h.Wait(spin_us, kSignalCheck);
-  }
-  bool told = false;
-  std::string noted;        // the Python caller, read after half a second
-  bool registered = false;  // ... and handed to the runtime for the stall report
-  while (!done) {
-    if (PyErr_CheckSignals() != 0) {
-      if (registered) {
-        py::gil_scoped_release nogil;
-        NoteWait(h.name(), "");
-      }
-      throw py::error_already_set();
-    }
-    const double waited =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const double warn_s = G().stall_warn_s.load();
-    if (noted.empty() && waited >= std::min(0.5, warn_s / 2)) noted = PythonCaller();
-    if (!told && waited >= warn_s) {
-      told = true;
-      HVD_LOG(kWarning) << "this rank has waited " << static_cast<int>(waited) << " s for '"
-                        << h.name() << "' at " << noted
-                        << " (see the coordinator's stall report for the missing ranks)";
-    }
-    py::gil_scoped_release nogil;
-    if (!noted.empty() && !registered) {
-      NoteWait(h.name(), noted);
-      registered = true;
-    }
-    done = h.Wait(0, kSignalCheck);
-  }
-  if (registered) {
-    py::gil_scoped_release nogil;
-    NoteWait(h.name(), "");
-  }
-  h.ReleaseName();
-  // A wait as long as a straggler's lag: where the ranks wait, for the straggler
-  // report (a frame walk per such wait, far below the wait itself).
-  if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >=
-      G().long_wait_s.load()) {
-    if (noted.empty()) noted = PythonCaller();
-    py::gil_scoped_release nogil;
-    MutexLock lock(G().mu);
-    if (G().runtime) G().runtime->NoteLongWait(noted);
-  }
-}
-
-// Waits, releases the handle and returns (code, message, output or None, received
-// splits or None), or None for an unknown handle.
-py::object Wait(int handle) {
-  auto h = G().handles.Find(handle);
-  if (!h) return py::none();
-  G().handles.Release(handle);
-  WaitInterruptibly(*h, G().wait_spin_us.load());
-  // GPU ops: the caller's stream waits for the result; the host does not.
-  if (h->event() != nullptr && h->status().ok()) {
-    py::gil_scoped_release nogil;
-    h->event()->BlockCurrentStream(h->output(), true);
-  }
-  return Result(*h);
-}
-
-// Wait() for many handles (the optimizer's synchronize): the GIL is released only
-// for handles not yet done, and the caller's stream waits once per done event (a
-// fused batch shares one).
-// None for an unknown handle.
-py::list WaitMany(const std::vector<int>& handles) {
-  std::vector<std::shared_ptr<HandleState>> hs(handles.size());
-  for (size_t i = 0; i < handles.size(); ++i) {
-    hs[i] = G().handles.Find(handles[i]);
-    if (hs[i]) G().handles.Release(handles[i]);
-  }
-  const double spin = G().wait_spin_us.load();
-  for (auto& h : hs) {
-    if (h) WaitInterruptibly(*h, spin);
-  }
-  {
-    py::gil_scoped_release nogil;
-    std::unordered_set<const GpuEvent*> waited;
-    for (auto& h : hs) {
-      if (h && h->event() != nullptr && h->status().ok()) {
-        h->event()->BlockCurrentStream(h->output(), waited.insert(h->event().get()).second);
-      }
-    }
-  }
-  py::list out;
-  for (auto& h : hs) {
-    if (h) {
-      out.append(Result(*h));
-    } else {
-      out.append(py::none());
-    }
-  }
-  return out;
-}
-
 py::list Knobs() {
   py::list out;
   Config d;
@@ -465,6 +291,29 @@ Status SubmitToRuntime(std::vector<Submission> subs,
 }
 
 HandleTable& Handles() { return G().handles; }
+
+WaitSettings CurrentWaitSettings() {
+  WaitSettings w;
+  w.spin_us = G().wait_spin_us.load();
+  w.stall_warn_s = G().stall_warn_s.load();
+  w.long_wait_s = G().long_wait_s.load();
+  return w;
+}
+
+void NoteWaitSite(const std::string& name, const std::string& site) {
+  MutexLock lock(G().mu);
+  if (!G().runtime) return;
+  if (site.empty()) {
+    G().runtime->EndWait(name);
+  } else {
+    G().runtime->NoteWait(name, site);
+  }
+}
+
+void NoteLongWaitSite(const std::string& site) {
+  MutexLock lock(G().mu);
+  if (G().runtime) G().runtime->NoteLongWait(site);
+}
 
 // Names in flight are unique, so two pending groups never share an id but by a 64-bit
 // collision.
@@ -514,10 +363,6 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("submit", &Submit);
   m.def("submit_one", &SubmitOne);
-  m.def("poll", &Poll);
-  m.def("wait", &Wait);
-  m.def("wait_many", &WaitMany);
-  m.def("release", [](int h) { G().handles.Release(h); });
   m.def("knobs", &Knobs);
   m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
     return ControlTimeline(true, path, mark_cycles);
@@ -558,43 +403,7 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("cuda_built", [] { return NcclVersionBuilt() != 0; });
   m.def("native_grad_hooks", [] { return G().native_grad_hooks.load(); });
-  py::class_<GradHooks>(m, "GradHooks")
-      .def(py::init<std::vector<at::Tensor>, std::vector<std::string>, int, double, double, int,
-                    int, const std::string&, std::vector<int64_t>, int, int>(),
-           py::arg("params"), py::arg("names"), py::arg("op"), py::arg("prescale"),
-           py::arg("postscale"), py::arg("process_set_id"), py::arg("passes_per_step"),
-           py::arg("wire"), py::arg("owners") = std::vector<int64_t>(), py::arg("rank") = 0,
-           py::arg("set_size") = 0)
-      .def("take", &GradHooks::Take)
-      .def("reset", &GradHooks::Reset)
-      .def("in_flight", &GradHooks::InFlight)
-      .def("set_passes_per_step", &GradHooks::SetPassesPerStep);
-  // The Python hooks' pass counting: the same PassCounter as GradHooks'.
-  py::class_<PassCounter>(m, "PassCounter")
-      .def(py::init<size_t, int>())
-      .def("count",  // True: start the allreduce now; a pass too many: AssertionError
-           [](PassCounter& c, size_t i) {
-             if (i >= c.size())
-               throw py::index_error("PassCounter: no parameter " + std::to_string(i));
-             switch (c.Count(i)) {
-               case PassCounter::Hit::kWait:
-                 return false;
-               case PassCounter::Hit::kStart:
-                 return true;
-               case PassCounter::Hit::kExtra:
-                 break;
-             }
-             PyErr_SetString(PyExc_AssertionError, c.ExtraPassMessage().c_str());
-             throw py::error_already_set();
-           })
-      .def("mark_started",
-           [](PassCounter& c, size_t i) {
-             if (i >= c.size())
-               throw py::index_error("PassCounter: no parameter " + std::to_string(i));
-             c.MarkStarted(i);
-           })
-      .def("reset", &PassCounter::Reset)
-      .def("set_passes_per_step", &PassCounter::set_passes_per_step);
+  BindGradHooks(m);
   m.attr("OP_ALLREDUCE") = static_cast<int>(OpType::kAllreduce);
   m.attr("OP_ALLGATHER") = static_cast<int>(OpType::kAllgather);
   m.attr("OP_BROADCAST") = static_cast<int>(OpType::kBroadcast);
@@ -605,81 +414,6 @@ PYBIND11_MODULE(_C, m) {
   m.attr("OP_ADD_PROCESS_SET") = static_cast<int>(OpType::kAddProcessSet);
   m.attr("OP_REMOVE_PROCESS_SET") = static_cast<int>(OpType::kRemoveProcessSet);
 
-  py::class_<StoreServer>(m, "StoreServer")
-      .def(py::init([](const std::string& host, int port, const std::string& secret,
-                       uint64_t max_frame) {
-             StoreOptions options;
-             options.max_frame = max_frame;  // requests above it are refused
-             auto s = std::make_unique<StoreServer>(host, port, secret, options);
-             if (!s->status().ok()) throw std::runtime_error(s->status().message());
-             return s;
-           }),
-           py::arg("host"), py::arg("port"), py::arg("secret"),
-           py::arg("max_frame") = kStoreMaxFrame)
-      .def("port", &StoreServer::port)
-      .def("set", [](StoreServer& s, const std::string& k, const py::bytes& v) { s.Set(k, v); })
-      .def("get",
-           [](StoreServer& s, const std::string& k) -> py::object {
-             std::string v;
-             if (!s.Get(k, &v)) return py::none();
-             return py::bytes(v);
-           })
-      .def("add",
-           [](StoreServer& s, const std::string& k, int64_t delta) {
-             int64_t out = 0;
-             if (!s.Add(k, delta, &out)) {
-               throw py::value_error("store key '" + k + "' does not hold an integer");
-             }
-             return out;
-           })
-      .def("stop", &StoreServer::Stop, py::call_guard<py::gil_scoped_release>());
-
-  // Used by elastic workers to read their assignment and host updates.
-  py::class_<StoreClient>(m, "StoreClient")
-      .def(py::init(
-               [](const std::string& host, int port, const std::string& secret, double timeout_s) {
-                 std::unique_ptr<StoreClient> c;
-                 Status st;
-                 {
-                   py::gil_scoped_release nogil;
-                   st = StoreClient::Connect(host, port, secret, timeout_s, &c);
-                 }
-                 if (!st.ok()) throw std::runtime_error(st.message());
-                 return c;
-               }),
-           py::arg("host"), py::arg("port"), py::arg("secret"), py::arg("timeout_s") = 30.0)
-      .def("set",
-           [](StoreClient& c, const std::string& k, const py::bytes& v) {
-             std::string value = v;
-             Status st;
-             {
-               py::gil_scoped_release nogil;
-               st = c.Set(k, value);
-             }
-             if (st.code() == StatusCode::kInvalidArgument) throw py::value_error(st.message());
-             if (!st.ok()) throw std::runtime_error(st.message());
-           })
-      .def(
-          "get",
-          [](StoreClient& c, const std::string& k, double timeout_s) -> py::object {
-            std::string v;
-            Status st;
-            {
-              py::gil_scoped_release nogil;
-              st = c.Get(k, timeout_s, &v);
-            }
-            if (!st.ok()) return py::none();
-            return py::bytes(v);
-          },
-          py::arg("key"), py::arg("timeout_s") = 0.0)
-      .def("add", [](StoreClient& c, const std::string& k, int64_t delta) {
-        int64_t out = 0;
-        Status st;
-        {
-          py::gil_scoped_release nogil;
-          st = c.Add(k, delta, &out);
-        }
-        if (!st.ok()) throw std::runtime_error(st.message());
-        return out;
-      });
+  BindWaits(m);
+  BindStore(m);
 }

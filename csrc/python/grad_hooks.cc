@@ -216,4 +216,46 @@ void GradHooks::SetPassesPerStep(int n) {
   state_->counter.set_passes_per_step(n);
 }
 
+// _C.GradHooks, and _C.PassCounter: the Python hooks' pass counting, the same
+// PassCounter as GradHooks'.
+void BindGradHooks(pybind11::module_& m) {
+  namespace py = pybind11;
+  py::class_<GradHooks>(m, "GradHooks")
+      .def(py::init<std::vector<at::Tensor>, std::vector<std::string>, int, double, double, int,
+                    int, const std::string&, std::vector<int64_t>, int, int>(),
+           py::arg("params"), py::arg("names"), py::arg("op"), py::arg("prescale"),
+           py::arg("postscale"), py::arg("process_set_id"), py::arg("passes_per_step"),
+           py::arg("wire"), py::arg("owners") = std::vector<int64_t>(), py::arg("rank") = 0,
+           py::arg("set_size") = 0)
+      .def("take", &GradHooks::Take)
+      .def("reset", &GradHooks::Reset)
+      .def("in_flight", &GradHooks::InFlight)
+      .def("set_passes_per_step", &GradHooks::SetPassesPerStep);
+  py::class_<PassCounter>(m, "PassCounter")
+      .def(py::init<size_t, int>())
+      .def("count",  // True: start the allreduce now; a pass too many: AssertionError
+           [](PassCounter& c, size_t i) {
+             if (i >= c.size())
+               throw py::index_error("PassCounter: no parameter " + std::to_string(i));
+             switch (c.Count(i)) {
+               case PassCounter::Hit::kWait:
+                 return false;
+               case PassCounter::Hit::kStart:
+                 return true;
+               case PassCounter::Hit::kExtra:
+                 break;
+             }
+             PyErr_SetString(PyExc_AssertionError, c.ExtraPassMessage().c_str());
+             throw py::error_already_set();
+           })
+      .def("mark_started",
+           [](PassCounter& c, size_t i) {
+             if (i >= c.size())
+               throw py::index_error("PassCounter: no parameter " + std::to_string(i));
+             c.MarkStarted(i);
+           })
+      .def("reset", &PassCounter::Reset)
+      .def("set_passes_per_step", &PassCounter::set_passes_per_step);
+}
+
 }  // namespace hvd
