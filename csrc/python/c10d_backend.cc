@@ -8,194 +8,19 @@
 // rank issues the group's calls in the same order, so the n-th call is named by its
 // kind and n (NameFor()).
 //
-// Completion: the background thread completes an op's handles; the last one hands
-// the call's state to one completion thread, which copies results into the caller's
-// tensors where the runtime allocated them (allgather, reduce-scatter, alltoall),
-// then completes the Work's future (for CUDA tensors on a pool stream that waits for
-// the op, so that consumers' streams wait for it and the host does not). User
-// callbacks chained on the future (DDP comm hooks) run there, never on the engine's
-// thread.
+// Completion: c10d_work.h.
 #include "python/c10d_backend.h"
 
-#include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
-#include <torch/csrc/distributed/c10d/Work.hpp>
 
-#include <atomic>
-#include <deque>
-#include <thread>
+#include <algorithm>
 
 #include "common/thread_annotations.h"
+#include "python/c10d_work.h"
 #include "python/module_state.h"
 
 namespace hvd {
 namespace {
-
-std::exception_ptr DistError(const std::string& message) {
-  try {
-    C10_THROW_ERROR(DistBackendError, message);
-  } catch (...) {
-    return std::current_exception();
-  }
-}
-
-[[noreturn]] void Fail(const std::string& message) {
-  C10_THROW_ERROR(DistBackendError, "hvd backend: " + message);
-}
-
-// Whether a call has completed, and its error.
-class Completion {
- public:
-  bool WaitFor(std::chrono::milliseconds timeout) {
-    MutexLock lock(mu_);
-    return cv_.WaitFor(mu_, timeout, [this]() HVD_REQUIRES(mu_) { return done_; });
-  }
-  bool Done() {
-    MutexLock lock(mu_);
-    return done_;
-  }
-  std::exception_ptr Error() {
-    MutexLock lock(mu_);
-    return error_;
-  }
-  void MarkDone(std::exception_ptr e) {
-    {
-      MutexLock lock(mu_);
-      error_ = std::move(e);
-      done_ = true;
-    }
-    cv_.NotifyAll();
-  }
-
- private:
-  Mutex mu_;
-  CondVar cv_;
-  bool done_ HVD_GUARDED_BY(mu_) = false;
-  std::exception_ptr error_ HVD_GUARDED_BY(mu_);
-};
-
-// One torch.distributed call in flight.
-struct CallState {
-  std::string what;                                   // "allreduce", for messages
-  std::vector<std::shared_ptr<HandleState>> handles;  // its ops (dropped once complete)
-  std::vector<at::Tensor> outputs;                    // the future's value
-  // Copies the ops' results into `outputs` (null: they were written in place).
-  std::function<void(const std::vector<std::shared_ptr<HandleState>>&)> finish;
-  c10::intrusive_ptr<c10::ivalue::Future> future;
-  std::atomic<int> remaining{0};  // handles not yet complete
-  Completion completion;
-};
-
-// Runs finish() and completes the future of one call whose ops have all completed.
-void Complete(CallState& c) {
-  std::string message;
-  for (const auto& h : c.handles) {
-    if (!h->status().ok()) {
-      message = h->status().message();
-      break;
-    }
-  }
-  if (message.empty()) {
-    try {
-      auto finish = [&c] {
-        if (c.finish) c.finish(c.handles);
-        c.future->markCompleted(c10::IValue(c.outputs));
-      };
-      GpuEvent* first = nullptr;
-      for (const auto& h : c.handles) {
-        if (h->event()) {
-          first = h->event().get();
-          break;
-        }
-      }
-      if (first == nullptr) {
-        finish();
-      } else {
-        first->RunAfter([&] {
-          // The runtime's outputs are read on this stream; later ops' events waited for.
-          for (const auto& h : c.handles) {
-            if (h->event()) h->event()->BlockCurrentStream(h->output(), h->event().get() != first);
-          }
-          finish();
-        });
-      }
-    } catch (const std::exception& e) {
-      message = e.what();
-    }
-  }
-  std::exception_ptr error;
-  if (!message.empty()) {
-    error = DistError("hvd backend: " + c.what + " failed: " + message);
-    if (!c.future->completed()) c.future->setError(error);
-  }
-  c.handles.clear();  // the runtime's outputs, copied where they belong
-  c.finish = nullptr;
-  c.completion.MarkDone(error);
-}
-
-// The one thread that completes calls (Complete()); never destroyed, as threads may
-// outlive the module's teardown.
-class Completer {
- public:
-  static Completer& Get() {
-    static Completer* c = new Completer();
-    return *c;
-  }
-  void Push(std::shared_ptr<CallState> c) {
-    {
-      MutexLock lock(mu_);
-      queue_.push_back(std::move(c));
-    }
-    cv_.NotifyOne();
-  }
-
- private:
-  Completer() {
-    std::thread([this] { Run(); }).detach();
-  }
-  void Run() {
-    for (;;) {
-      std::shared_ptr<CallState> c;
-      {
-        MutexLock lock(mu_);
-        cv_.Wait(mu_, [this]() HVD_REQUIRES(mu_) { return !queue_.empty(); });
-        c = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      Complete(*c);
-    }
-  }
-  Mutex mu_;
-  CondVar cv_;
-  std::deque<std::shared_ptr<CallState>> queue_ HVD_GUARDED_BY(mu_);
-};
-
-class HvdWork : public c10d::Work {
- public:
-  HvdWork(std::shared_ptr<CallState> call, c10d::OpType type, std::chrono::milliseconds timeout)
-      : c10d::Work(-1, type), call_(std::move(call)), timeout_(timeout) {}
-  bool isCompleted() override { return call_->completion.Done(); }
-  bool isSuccess() const override { return call_->completion.Done() && !call_->completion.Error(); }
-  std::exception_ptr exception() const override { return call_->completion.Error(); }
-  std::vector<at::Tensor> result() override { return call_->outputs; }
-  // Blocks until the ops ran (raising their error); for CUDA tensors the caller's
-  // current streams then wait for them on the GPU.
-  bool wait(std::chrono::milliseconds timeout) override {
-    const auto limit = timeout.count() == 0 ? timeout_ : timeout;
-    if (!call_->completion.WaitFor(limit)) {
-      Fail(call_->what + " did not complete within " + std::to_string(limit.count()) +
-           " ms (a rank has not called it, or is stuck before it)");
-    }
-    if (auto e = call_->completion.Error()) std::rethrow_exception(e);
-    call_->future->wait();
-    return true;
-  }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return call_->future; }
-
- private:
-  std::shared_ptr<CallState> call_;
-  std::chrono::milliseconds timeout_;
-};
 
 using Finish = std::function<void(const std::vector<std::shared_ptr<HandleState>>&)>;
 
@@ -597,17 +422,7 @@ class HvdBackend : public c10d::Backend {
       if (!st.ok()) Fail(std::string(what) + ": " + st.message());
       call->handles = std::move(states);
     }
-    // A copy: once the last op completes, the completion thread drops call->handles.
-    const std::vector<std::shared_ptr<HandleState>> handles = call->handles;
-    call->remaining = static_cast<int>(handles.size());
-    for (const auto& h : handles) {
-      HandleState* raw = h.get();
-      h->OnComplete([call, raw] {
-        raw->ReleaseName();
-        if (--call->remaining == 0) Completer::Get().Push(call);
-      });
-    }
-    return c10::make_intrusive<HvdWork>(call, type, timeout_);
+    return StartWork(std::move(call), type, timeout_);
   }
 
   const std::chrono::milliseconds timeout_;

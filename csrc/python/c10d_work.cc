@@ -1,0 +1,152 @@
+#include "python/c10d_work.h"
+
+#include <deque>
+#include <thread>
+
+#include "core/gpu_backend.h"
+
+namespace hvd {
+
+[[noreturn]] void Fail(const std::string& message) {
+  C10_THROW_ERROR(DistBackendError, "hvd backend: " + message);
+}
+
+namespace {
+
+std::exception_ptr DistError(const std::string& message) {
+  try {
+    C10_THROW_ERROR(DistBackendError, message);
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+// Runs finish() and completes the future of one call whose ops have all completed.
+void Complete(CallState& c) {
+  std::string message;
+  for (const auto& h : c.handles) {
+    if (!h->status().ok()) {
+      message = h->status().message();
+      break;
+    }
+  }
+  if (message.empty()) {
+    try {
+      auto finish = [&c] {
+        if (c.finish) c.finish(c.handles);
+        c.future->markCompleted(c10::IValue(c.outputs));
+      };
+      GpuEvent* first = nullptr;
+      for (const auto& h : c.handles) {
+        if (h->event()) {
+          first = h->event().get();
+          break;
+        }
+      }
+      if (first == nullptr) {
+        finish();
+      } else {
+        first->RunAfter([&] {
+          // The runtime's outputs are read on this stream; later ops' events waited for.
+          for (const auto& h : c.handles) {
+            if (h->event()) h->event()->BlockCurrentStream(h->output(), h->event().get() != first);
+          }
+          finish();
+        });
+      }
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+  }
+  std::exception_ptr error;
+  if (!message.empty()) {
+    error = DistError("hvd backend: " + c.what + " failed: " + message);
+    if (!c.future->completed()) c.future->setError(error);
+  }
+  c.handles.clear();  // the runtime's outputs, copied where they belong
+  c.finish = nullptr;
+  c.completion.MarkDone(error);
+}
+
+// The one thread that completes calls (Complete()); never destroyed, as threads may
+// outlive the module's teardown.
+class Completer {
+ public:
+  static Completer& Get() {
+    static Completer* c = new Completer();
+    return *c;
+  }
+  void Push(std::shared_ptr<CallState> c) {
+    {
+      MutexLock lock(mu_);
+      queue_.push_back(std::move(c));
+    }
+    cv_.NotifyOne();
+  }
+
+ private:
+  Completer() {
+    std::thread([this] { Run(); }).detach();
+  }
+  void Run() {
+    for (;;) {
+      std::shared_ptr<CallState> c;
+      {
+        MutexLock lock(mu_);
+        cv_.Wait(mu_, [this]() HVD_REQUIRES(mu_) { return !queue_.empty(); });
+        c = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      Complete(*c);
+    }
+  }
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::shared_ptr<CallState>> queue_ HVD_GUARDED_BY(mu_);
+};
+
+class HvdWork : public c10d::Work {
+ public:
+  HvdWork(std::shared_ptr<CallState> call, c10d::OpType type, std::chrono::milliseconds timeout)
+      : c10d::Work(-1, type), call_(std::move(call)), timeout_(timeout) {}
+  bool isCompleted() override { return call_->completion.Done(); }
+  bool isSuccess() const override { return call_->completion.Done() && !call_->completion.Error(); }
+  std::exception_ptr exception() const override { return call_->completion.Error(); }
+  std::vector<at::Tensor> result() override { return call_->outputs; }
+  // Blocks until the ops ran (raising their error); for CUDA tensors the caller's
+  // current streams then wait for them on the GPU.
+  bool wait(std::chrono::milliseconds timeout) override {
+    const auto limit = timeout.count() == 0 ? timeout_ : timeout;
+    if (!call_->completion.WaitFor(limit)) {
+      Fail(call_->what + " did not complete within " + std::to_string(limit.count()) +
+           " ms (a rank has not called it, or is stuck before it)");
+    }
+    if (auto e = call_->completion.Error()) std::rethrow_exception(e);
+    call_->future->wait();
+    return true;
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return call_->future; }
+
+ private:
+  std::shared_ptr<CallState> call_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> StartWork(std::shared_ptr<CallState> call, c10d::OpType type,
+                                         std::chrono::milliseconds timeout) {
+  // A copy: once the last op completes, the completion thread drops call->handles.
+  const std::vector<std::shared_ptr<HandleState>> handles = call->handles;
+  call->remaining = static_cast<int>(handles.size());
+  for (const auto& h : handles) {
+    HandleState* raw = h.get();
+    h->OnComplete([call, raw] {
+      raw->ReleaseName();
+      if (--call->remaining == 0) Completer::Get().Push(call);
+    });
+  }
+  return c10::make_intrusive<HvdWork>(call, type, timeout);
+}
+
+}  // namespace hvd
