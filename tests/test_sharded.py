@@ -6,7 +6,7 @@ import re
 import pytest
 
 from horovod_torch.elastic.state import sync_root
-from horovod_torch.sharded import keepers, missing
+from horovod_torch.sharded_recovery import keepers, missing
 from tests.harness import ROOT, run_workers
 from tests.test_elastic import _finals, _run
 
