@@ -1,0 +1,75 @@
+// CUDA events for GPU ops (core/gpu_backend.h's GpuEvent): each op records one when
+// its input is ready and one when it is done, recycled through a pool.
+#pragma once
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include <functional>
+#include <string>
+
+#include "core/gpu_backend.h"
+
+namespace hvd {
+
+// A CUDA event from the pool, returned to it when this object goes. A stream that
+// waits for it keeps waiting for the work recorded then, whatever the event's
+// later use.
+class NcclEvent : public GpuEvent {
+ public:
+  explicit NcclEvent(int device);
+  ~NcclEvent() override;
+  NcclEvent(const NcclEvent&) = delete;
+  NcclEvent& operator=(const NcclEvent&) = delete;
+
+  // With the event's (and the stream's) device current, as torch's CUDAEvent does: the
+  // caller's current device may be another GPU (tensors placed with .cuda(local_rank)
+  // and no torch.cuda.set_device), and once that GPU's context exists, recording there
+  // fails with "invalid resource handle" and the op's peers wait for it forever.
+  // Both return CUDA's error, with what failed, or "" on success.
+  std::string Record(const c10::cuda::CUDAStream& s) {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    if (event_ == nullptr) return "cudaEventCreate failed on GPU " + std::to_string(device_);
+    return Error("cudaEventRecord", cudaEventRecord(event_, s.stream()));
+  }
+  std::string Block(const c10::cuda::CUDAStream& s) {
+    c10::cuda::CUDAGuard guard(s.device_index());
+    if (event_ == nullptr) return "cudaEventCreate failed on GPU " + std::to_string(device_);
+    return Error("cudaStreamWaitEvent", cudaStreamWaitEvent(s.stream(), event_, 0));
+  }
+  bool Ready() override { return cudaEventQuery(event_) == cudaSuccess; }
+  void BlockCurrentStream(const at::Tensor& result, bool wait) override {
+    auto stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_));
+    if (wait) {
+      const std::string error = Block(stream);
+      if (!error.empty()) throw std::runtime_error(error);
+    }
+    if (result.defined() && result.is_cuda()) {
+      c10::cuda::CUDACachingAllocator::recordStream(result.storage().data_ptr(), stream);
+    }
+  }
+  void RunAfter(const std::function<void()>& fn) override {
+    const auto device = static_cast<c10::DeviceIndex>(device_);
+    c10::cuda::CUDAGuard guard(device);
+    auto stream = c10::cuda::getStreamFromPool(false, device);
+    const std::string error = Block(stream);
+    if (!error.empty()) throw std::runtime_error(error);
+    c10::cuda::CUDAStreamGuard current(stream);
+    fn();
+  }
+
+ private:
+  std::string Error(const char* what, cudaError_t e) const {
+    if (e == cudaSuccess) return "";
+    cudaGetLastError();  // not sticky: the next call must not see it
+    return std::string(what) + " failed on GPU " + std::to_string(device_) + ": " +
+           cudaGetErrorString(e);
+  }
+
+  int device_;
+  cudaEvent_t event_ = nullptr;
+};
+
+}  // namespace hvd
