@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/handshake.h"
 #include "common/net.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"

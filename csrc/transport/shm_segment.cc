@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/handshake.h"
 #include "common/logging.h"
 #include "common/sha256.h"
 #include "common/types.h"

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "common/config.h"
+#include "common/handshake.h"
 #include "common/logging.h"
 #include "transport/shm.h"
 

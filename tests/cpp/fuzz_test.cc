@@ -52,6 +52,7 @@
 #define HVD_FUZZ_SANITIZED 1
 #endif
 
+#include "common/handshake.h"
 #include "common/net.h"
 #include "common/sha256.h"
 #include "rendezvous/store.h"

@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "common/config.h"
+#include "common/handshake.h"
 #include "common/net.h"
 #include "common/sha256.h"
 #include "test_util.h"

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <set>
 
+#include "common/handshake.h"
 #include "common/net.h"
 #include "rendezvous/store.h"
 #include "test_util.h"

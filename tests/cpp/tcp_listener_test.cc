@@ -13,6 +13,7 @@
 #include <cstring>
 #include <thread>
 
+#include "common/handshake.h"
 #include "common/net.h"
 #include "common/sha256.h"
 #include "test_util.h"
