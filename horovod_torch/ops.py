@@ -13,8 +13,8 @@ from horovod_torch.process_sets import (ProcessSet, _ps_id, _set_rank, _set_root
                                         _set_size, add_process_set, global_process_set,
                                         remove_process_set)
 from horovod_torch.submit import (_OPS, GroupHandle, _auto_name, _contig,  # noqa: F401
-                                  _group_names, _resolve_op, _submit, _wait_many, poll,
-                                  reset_auto_names, synchronize)
+                                  _group_names, _resolve_op, _submit, _submit_control, _wait_many,
+                                  poll, reset_auto_names, synchronize)
 
 # ---------------------------------------------------------------- allreduce
 
@@ -461,8 +461,7 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
 def barrier(process_set=global_process_set) -> None:
     """Blocks until every rank of `process_set` has called barrier()."""
     psid = _ps_id(process_set)
-    synchronize(_submit(_C.OP_BARRIER, [], [], [_auto_name("barrier", None, psid)],
-                        psid=psid)[0])
+    synchronize(_submit_control(_C.CONTROL_BARRIER, _auto_name("barrier", None, psid), psid=psid))
 
 
 def join(device: int = -1) -> int:
@@ -475,7 +474,7 @@ def join(device: int = -1) -> int:
         device = -1 if device.index is None else device.index
     if isinstance(device, bool) or not isinstance(device, int) or device < -1:
         raise ValueError(f"join(device=...) takes a CUDA device index or -1; got {device!r}")
-    out = synchronize(_submit(_C.OP_JOIN, [], [], ["join"], root=device)[0])
+    out = synchronize(_submit_control(_C.CONTROL_JOIN, "join", join_device=device))
     return int(out[0])
 
 

@@ -4,7 +4,7 @@ from typing import Dict, List, Optional, Sequence
 
 from horovod_torch import _C, basics
 from horovod_torch.basics import rank, size
-from horovod_torch.submit import _auto_name, _submit, synchronize
+from horovod_torch.submit import _auto_name, _submit_control, synchronize
 
 class ProcessSet:
     """A set of ranks that run collectives together.
@@ -137,8 +137,8 @@ def _register(process_set, static: bool) -> ProcessSet:
             if ps.process_set_id != 0 and ps.ranks == process_set.ranks:
                 process_set.process_set_id = ps.process_set_id
                 return process_set
-    handle = _submit(_C.OP_ADD_PROCESS_SET, [], [], [_auto_name("add_process_set", None)],
-                     splits=process_set.ranks)[0]
+    handle = _submit_control(_C.CONTROL_ADD_PROCESS_SET, _auto_name("add_process_set", None),
+                             ranks=process_set.ranks)
     process_set.process_set_id = int(synchronize(handle)[0])
     _registry[process_set.process_set_id] = process_set
     return process_set
@@ -165,8 +165,8 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     psid = process_set.process_set_id if isinstance(process_set, ProcessSet) else None
     if not psid or psid not in _registry:
         return False
-    handle = _submit(_C.OP_REMOVE_PROCESS_SET, [], [],
-                     [_auto_name("remove_process_set", None)], root=psid)[0]
+    handle = _submit_control(_C.CONTROL_REMOVE_PROCESS_SET,
+                             _auto_name("remove_process_set", None), remove_id=psid)
     synchronize(handle)
     for ps in [p for p in _registry.values() if p.process_set_id == psid]:
         ps.invalidate()

@@ -81,6 +81,16 @@ def _submit(kind: int, inputs: List[torch.Tensor], outputs: List[Optional[torch.
     return handles  # the core keeps the tensors alive until the op completes
 
 
+def _submit_control(kind: int, name: str, ranks: Optional[List[int]] = None,
+                    remove_id: int = 0, join_device: int = -1, psid: int = 0) -> int:
+    """Submits one control op (_C.CONTROL_*): a barrier, a join, or adding (`ranks`)
+    or removing (`remove_id`) a process set. Returns its handle."""
+    code, message, handle = _C.submit_control(int(kind), name, list(ranks or []), int(remove_id),
+                                              int(join_device), int(psid))
+    raise_for_status(code, message)
+    return handle
+
+
 def _contig(tensor: torch.Tensor) -> torch.Tensor:
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(f"expected a torch.Tensor, got {type(tensor).__name__}")

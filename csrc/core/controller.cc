@@ -29,7 +29,7 @@ Status Controller::Cycle(std::vector<Request> fresh, bool want_shutdown,
   const size_t words = cache_.num_words();
   if (pending_invalid_.size() != words) pending_invalid_.assign(words, 0);
   for (auto& r : fresh) {
-    join_pending_ = join_pending_ || r.type == OpType::kJoin;
+    join_pending_ = join_pending_ || r.control.kind == ControlKind::kJoin;
     Classify(std::move(r), &pending_invalid_);
   }
   responses->clear();
@@ -221,7 +221,7 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
                  "' (a different build or a corrupted connection)";
         return out;
       }
-      if (req.type == OpType::kJoin) {
+      if (req.control.kind == ControlKind::kJoin) {
         joined_[r] = true;
         last_joined_ = r;
       }
@@ -238,7 +238,7 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
         p.arrived[req.rank] = now;
       }
       if (timeline_ != nullptr) {
-        if (p.count == 0) timeline_->NegotiateStart(req.name, OpTypeName(req.type));
+        if (p.count == 0) timeline_->NegotiateStart(req.name, OpName(req));
         timeline_->NegotiateRankReady(req.name, r);
       }
       ++p.count;
@@ -282,7 +282,8 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
   for (const auto& kv : table_) {
     const Pending& p = kv.second;
     const Request& r0 = rep(p);
-    bool complete = r0.type == OpType::kJoin ? p.count == size : ready_count(p) == size;
+    bool complete =
+        r0.control.kind == ControlKind::kJoin ? p.count == size : ready_count(p) == size;
     if (!complete) continue;
     if (r0.group_id != 0 && group_ready[r0.group_id] < r0.group_size) continue;
     ready.emplace_back(p.order, kv.first);
@@ -299,8 +300,8 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
         if (q.group_id != 0) failed_groups.emplace(q.group_id, resp.error);
       }
     }
-    if (resp.type == OpType::kJoin && resp.error.empty()) {
-      resp.root = last_joined_;
+    if (resp.control.kind == ControlKind::kJoin && resp.error.empty()) {
+      resp.control.last_joined = last_joined_;
       joined_.assign(size, false);
     }
     if (timeline_ != nullptr) timeline_->NegotiateEnd(resp.name);
@@ -356,14 +357,12 @@ void Controller::Apply(const ResponseList& list, std::vector<Response>* out) {
     cached_pending_.erase(p);
   }
   for (const auto& resp : list.responses) {
-    if (resp.type == OpType::kJoin) join_pending_ = false;  // every rank has joined
+    if (resp.control.kind == ControlKind::kJoin) join_pending_ = false;  // every rank joined
     out->push_back(resp);
     auto sig = sent_sigs_.find(resp.name);
     std::string signature = sig == sent_sigs_.end() ? std::string() : sig->second;
     if (sig != sent_sigs_.end()) sent_sigs_.erase(sig);
-    if (!resp.error.empty() || resp.group_id != 0 || resp.type == OpType::kBarrier ||
-        resp.type == OpType::kJoin || resp.type == OpType::kAddProcessSet ||
-        resp.type == OpType::kRemoveProcessSet) {
+    if (!resp.error.empty() || resp.group_id != 0 || resp.type == OpType::kControl) {
       continue;
     }
     if (!params_.cache_enabled) continue;

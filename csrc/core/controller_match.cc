@@ -46,6 +46,7 @@ static Response ErrorForSubmitters(const std::string& name, const std::vector<Re
   const Request& r0 = *Submitted(by_rank);
   Response resp;
   resp.type = r0.type;
+  resp.control.kind = r0.control.kind;
   resp.name = name;
   resp.group_id = r0.group_id;
   resp.error = error;
@@ -70,21 +71,23 @@ void Controller::FailBesideJoin(const std::vector<RequestList>& lists,
     if (joined_[r]) joined += (joined.empty() ? "" : ", ") + std::to_string(r);
   }
   if (joined.empty()) return;
-  auto allowed = [](OpType t) { return t == OpType::kAllreduce || t == OpType::kJoin; };
+  auto allowed = [](const auto& m) {
+    return m.type == OpType::kAllreduce || m.control.kind == ControlKind::kJoin;
+  };
   for (size_t pos = 0; pos < cache_.capacity(); ++pos) {
     bool any = false;
     for (const auto& l : lists) any = any || TestBit(l.ready_bits, pos);
-    if (any && !allowed(cache_.Get(static_cast<int>(pos)).type)) SetBit(&out->invalid_bits, pos);
+    if (any && !allowed(cache_.Get(static_cast<int>(pos)))) SetBit(&out->invalid_bits, pos);
   }
   for (auto it = table_.begin(); it != table_.end();) {
     const Request* r0 = Submitted(it->second.by_rank);
-    if (r0 == nullptr || allowed(r0->type)) {
+    if (r0 == nullptr || allowed(*r0)) {
       ++it;
       continue;
     }
     Response resp = ErrorForSubmitters(
         it->first, it->second.by_rank,
-        "'" + it->first + "' is a " + OpTypeName(r0->type) + ", but ranks [" + joined +
+        "'" + it->first + "' is a " + OpName(*r0) + ", but ranks [" + joined +
             "] called hvd.join(); only allreduce can run while ranks have joined");
     for (const auto& q : it->second.by_rank) {
       if (!q.name.empty() && q.group_id != 0) failed_groups->emplace(q.group_id, resp.error);
@@ -117,6 +120,7 @@ Response Controller::Match(const std::vector<Request>& reqs, int size) {
   const Request& a = reqs[0];
   Response resp;
   resp.type = a.type;
+  resp.control = a.control;  // a control op's fields (a data op's: none)
   resp.name = a.name;
   resp.dtype = a.dtype;
   resp.op = a.op;
@@ -132,11 +136,24 @@ Response Controller::Match(const std::vector<Request>& reqs, int size) {
     return resp;
   };
   for (const auto& r : reqs) {
-    if (r.type != a.type) {
-      return fail("collective operations", Disagreement(reqs, [](const Request& q) {
-                    return std::string(OpTypeName(q.type));
-                  }));
+    if (r.type != a.type || r.control.kind != a.control.kind) {
+      return fail("collective operations",
+                  Disagreement(reqs, [](const Request& q) { return std::string(OpName(q)); }));
     }
+  }
+  if (a.type == OpType::kControl) {
+    for (const auto& r : reqs) {
+      if (r.control.ranks != a.control.ranks) {
+        return fail("process sets to add",
+                    Disagreement(reqs, [](const Request& q) { return ShapeStr(q.control.ranks); }));
+      }
+      if (r.control.process_set != a.control.process_set) {
+        return fail("process sets to remove", Disagreement(reqs, [](const Request& q) {
+                      return "id " + std::to_string(q.control.process_set);
+                    }));
+      }
+    }
+    return resp;
   }
   for (const auto& r : reqs) {
     if (!std::isfinite(r.prescale) || !std::isfinite(r.postscale)) {
@@ -170,11 +187,6 @@ Response Controller::Match(const std::vector<Request>& reqs, int size) {
       return fail("scale factors", Disagreement(reqs, [](const Request& q) {
                     return "prescale " + std::to_string(q.prescale) + " / postscale " +
                            std::to_string(q.postscale);
-                  }));
-    }
-    if (r.root != a.root && a.type == OpType::kRemoveProcessSet) {
-      return fail("process sets to remove", Disagreement(reqs, [](const Request& q) {
-                    return "id " + std::to_string(q.root);
                   }));
     }
     if (r.root != a.root) {
@@ -229,18 +241,7 @@ Response Controller::Match(const std::vector<Request>& reqs, int size) {
         }
       }
       break;
-    case OpType::kAddProcessSet:
-      for (const auto& r : reqs) {
-        if (r.splits != a.splits) {
-          return fail("process sets to add",
-                      Disagreement(reqs, [](const Request& q) { return ShapeStr(q.splits); }));
-        }
-      }
-      resp.rank_rows = a.splits;
-      break;
-    case OpType::kBarrier:
-    case OpType::kJoin:
-    case OpType::kRemoveProcessSet:
+    case OpType::kControl:  // matched above
       break;
   }
   return resp;

@@ -110,7 +110,7 @@ void Controller::TraceCachedBits(const std::vector<RequestList>& lists, const Re
       if (!TestBit(lists[r].ready_bits, pos)) continue;
       if (it == traced_bits_.end()) {
         const Response& cached = cache_.Get(p);
-        timeline_->NegotiateStart(cached.name, OpTypeName(cached.type));
+        timeline_->NegotiateStart(cached.name, OpName(cached));
         it = traced_bits_.emplace(p, std::vector<bool>(size, false)).first;
       }
       if (!it->second[r]) {

@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 
 #include <memory>
+#include <string>
+#include <utility>
 
 #include "core/handles.h"
 #include "wire/message.h"
@@ -25,6 +27,16 @@ struct Submission {
   // `device`; -1: the device of its last CUDA op).
   int32_t join_device = -1;
 };
+
+// A control op's submission: no tensor, the fields of `control` (its kind at least).
+inline Submission ControlSubmission(ControlOp control, std::string name, int32_t process_set_id) {
+  Submission s;
+  s.request.type = OpType::kControl;
+  s.request.control = std::move(control);
+  s.request.name = std::move(name);
+  s.process_set_id = process_set_id;
+  return s;
+}
 
 struct Entry {
   Submission sub;

@@ -124,10 +124,7 @@ Status HostExecutor::RunOne(const Response& r, Entry& e) {
   switch (r.type) {
     case OpType::kAllreduce:
     case OpType::kReducescatter:
-    case OpType::kBarrier:
-    case OpType::kJoin:
-    case OpType::kAddProcessSet:
-    case OpType::kRemoveProcessSet:
+    case OpType::kControl:
       return Status::Aborted(std::string("internal: ") + OpTypeName(r.type) +
                              " sent to the host executor's RunOne");
     case OpType::kBroadcast: {

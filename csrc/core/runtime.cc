@@ -1,10 +1,9 @@
 // Runtime: the wiring of the engine's parts and the background loop. Create() builds
 // the transport, the executors and the controllers; Loop() negotiates each cycle and
 // hands the fused batches to Execute(), which sends each to its process set's
-// executor (the GPU backend, or the host executor of host_executor.cc), runs a
-// control op itself, or passes a process-set change to the registry
-// (runtime_process_sets.cc). Submission (argument checks, the queue) is
-// runtime_submit.cc.
+// executor (the GPU backend, or the host executor of host_executor.cc) or, for a
+// control op, to ApplyControl (runtime_control.cc). Submission (argument checks, the
+// queue) is runtime_submit.cc.
 #include "core/runtime.h"
 
 #include <pthread.h>
@@ -356,18 +355,6 @@ std::unique_ptr<HostExecutor> Runtime::NewHostExecutor(Communicator* transport) 
                                         world_.rank == 0 ? &timeline_ : nullptr);
 }
 
-void Runtime::CompleteControlOp(const Response& r, Entry& e) {
-  if (r.type == OpType::kJoin) {
-    {
-      MutexLock lock(mu_);
-      joined_ = false;
-    }
-    e.handle->Complete(Status::Ok(), at::full({1}, r.root, at::kInt));  // the last rank to join
-    return;
-  }
-  e.handle->Complete(Status::Ok());  // kBarrier: negotiated means every rank is here
-}
-
 void Runtime::TraceEnd(const std::vector<Response>& batch) {
   if (!timeline_.active()) return;
   for (const auto& r : batch) timeline_.OpEnd(r.name);
@@ -413,7 +400,7 @@ Status Runtime::Execute(ProcessSetState& ps, const std::vector<Response>& respon
   if (timeline_.active()) {
     for (const auto& r : responses) {
       if (!r.error.empty()) continue;
-      timeline_.OpStart(r.name, OpTypeName(r.type));
+      timeline_.OpStart(r.name, OpName(r));
       timeline_.Activity(r.name, "QUEUE");
     }
   }
@@ -466,11 +453,8 @@ Status Runtime::Execute(ProcessSetState& ps, const std::vector<Response>& respon
     }
     try {
       c10::InferenceMode inference_guard(any_inference);
-      if (first.type == OpType::kAddProcessSet || first.type == OpType::kRemoveProcessSet) {
-        st = ChangeProcessSets(first, entries[0]);
-      } else if (first.type == OpType::kBarrier || first.type == OpType::kJoin) {
-        Trace(rs, std::string(ps.transport->name()) + "_" + OpTypeName(first.type));
-        CompleteControlOp(first, entries[0]);
+      if (first.type == OpType::kControl) {
+        st = ApplyControl(ps, rs, entries[0]);
       } else if (first.on_gpu) {
         Trace(rs, std::string("NCCL_") + OpTypeName(first.type));
         st = ps.gpu->Execute(rs, entries, static_cast<size_t>(threshold));

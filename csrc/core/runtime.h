@@ -2,9 +2,9 @@
 // store client, transport, controller, pending ops and the background thread
 // (docs/design.md §3). The bindings hold at most one; shutdown() destroys it and a
 // new init() creates a fresh one. Its parts, one file each: runtime.cc (wiring, the
-// background loop and the control ops), runtime_submit.cc (argument checks and the
-// queue), runtime_process_sets.cc (the process-set registry and each set's
-// controller). Data ops go to an Executor (core/executor.h): the host executor
+// background loop), runtime_submit.cc (argument checks and the queue),
+// runtime_control.cc (control ops: barrier, join, the process-set registry and each
+// set's controller). Data ops go to an Executor (core/executor.h): the host executor
 // (host_executor.cc) or the GPU backend.
 //
 // Threading: Submit() and RequestShutdown() are called from Python threads; the
@@ -137,15 +137,17 @@ class Runtime {
   void Loop();
   void HoldWhileGpuBusy() HVD_REQUIRES(mu_);
   Status Execute(ProcessSetState& ps, const std::vector<Response>& responses);
-  // kBarrier and kJoin, the control ops that complete without moving data.
-  void CompleteControlOp(const Response& r, Entry& e);
+  // A control op (kControl): barrier and join complete here; process-set changes
+  // go to ChangeProcessSets.
+  Status ApplyControl(ProcessSetState& ps, const std::vector<Response>& batch, Entry& e);
   // A host executor for `transport`, sharing this runtime's fusion buffer.
   std::unique_ptr<HostExecutor> NewHostExecutor(Communicator* transport);
-  // kAddProcessSet / kRemoveProcessSet, run identically by every rank.
-  Status ChangeProcessSets(const Response& r, Entry& e);
+  // Adding or removing a process set, run identically by every rank.
+  Status ChangeProcessSets(const ControlOp& c, Entry& e);
   std::unique_ptr<Controller> NewController(Communicator* transport, const TunedParams& params);
   void FailAll(const Status& status);
   Status CheckLocal(const Submission& s, const std::vector<int>* set_ranks) const;
+  Status CheckControl(const Submission& s) const;
   // The stand-in a joined rank runs for a response it never submitted: zeros.
   Entry JoinedEntry(const Response& r);
   struct TimelineCommand {

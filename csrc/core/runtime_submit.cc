@@ -49,9 +49,43 @@ bool ToDataType(at::ScalarType t, DataType* out) {
 
 }  // namespace
 
+Status Runtime::CheckControl(const Submission& s) const {
+  const ControlOp& c = s.request.control;
+  const char* op = ControlKindName(c.kind);
+  if (c.kind != ControlKind::kBarrier && s.process_set_id != 0) {
+    return Status::InvalidArgument(std::string(op) + " runs on the global process set only");
+  }
+  switch (c.kind) {
+    case ControlKind::kAddProcessSet:
+      if (c.ranks.empty()) {
+        return Status::InvalidArgument("add_process_set: a process set needs at least one rank");
+      }
+      for (size_t i = 0; i < c.ranks.size(); ++i) {
+        if (c.ranks[i] < 0 || c.ranks[i] >= world_.size ||
+            (i > 0 && c.ranks[i] <= c.ranks[i - 1])) {
+          return Status::InvalidArgument("add_process_set: ranks must be distinct and in [0, " +
+                                         std::to_string(world_.size) + "); got rank " +
+                                         std::to_string(c.ranks[i]));
+        }
+      }
+      return Status::Ok();
+    case ControlKind::kRemoveProcessSet:
+      if (c.process_set == 0) {
+        return Status::InvalidArgument("the global process set cannot be removed");
+      }
+      return Status::Ok();
+    case ControlKind::kBarrier:
+    case ControlKind::kJoin:
+      return Status::Ok();
+    case ControlKind::kNone:
+      break;
+  }
+  return Status::InvalidArgument("internal: a control op of no kind ('" + s.request.name + "')");
+}
+
 Status Runtime::CheckLocal(const Submission& s, const std::vector<int>* set_ranks) const {
   const Request& r = s.request;
-  const char* op = OpTypeName(r.type);
+  const char* op = OpName(r);
   if (set_ranks == nullptr) {
     return Status::InvalidArgument(std::string(op) + " of '" + r.name + "': process set " +
                                    std::to_string(s.process_set_id) +
@@ -64,30 +98,7 @@ Status Runtime::CheckLocal(const Submission& s, const std::vector<int>* set_rank
                                    "; only its members may call collectives on it");
   }
   const int set_size = static_cast<int>(set_ranks->size());
-  const bool global_only = r.type == OpType::kJoin || r.type == OpType::kAddProcessSet ||
-                           r.type == OpType::kRemoveProcessSet;
-  if (global_only && s.process_set_id != 0) {
-    return Status::InvalidArgument(std::string(op) + " runs on the global process set only");
-  }
-  if (r.type == OpType::kAddProcessSet) {
-    if (r.splits.empty()) {
-      return Status::InvalidArgument("add_process_set: a process set needs at least one rank");
-    }
-    for (size_t i = 0; i < r.splits.size(); ++i) {
-      if (r.splits[i] < 0 || r.splits[i] >= world_.size ||
-          (i > 0 && r.splits[i] <= r.splits[i - 1])) {
-        return Status::InvalidArgument("add_process_set: ranks must be distinct and in [0, " +
-                                       std::to_string(world_.size) + "); got rank " +
-                                       std::to_string(r.splits[i]));
-      }
-    }
-    return Status::Ok();
-  }
-  if (r.type == OpType::kRemoveProcessSet) {
-    if (r.root == 0) return Status::InvalidArgument("the global process set cannot be removed");
-    return Status::Ok();
-  }
-  if (r.type == OpType::kBarrier || r.type == OpType::kJoin) return Status::Ok();
+  if (r.type == OpType::kControl) return CheckControl(s);
   if (!s.input.defined()) return Status::InvalidArgument(std::string(op) + ": tensor is undefined");
   if (s.input.is_cuda() && gpu_ == nullptr) {
     return Status::InvalidArgument(std::string(op) + " of '" + r.name + "': tensor is on " +
@@ -211,7 +222,7 @@ Status Runtime::Submit(std::vector<Submission> subs,
     HVD_RETURN_IF_ERROR(CheckLocal(s, ranks));
     // A group is executed as one batch on one device (RuntimeError, as in Horovod).
     if (r.group_id != 0 && s.input.device() != subs[0].input.device()) {
-      return Status::Mismatch(std::string(OpTypeName(r.type)) + " of '" + r.name +
+      return Status::Mismatch(std::string(OpName(r)) + " of '" + r.name +
                               "': a group's tensors must all be on one device; '" +
                               subs[0].request.name + "' is on " + subs[0].input.device().str() +
                               " and '" + r.name + "' on " + s.input.device().str());
@@ -243,7 +254,7 @@ Status Runtime::Submit(std::vector<Submission> subs,
   }
   handles->clear();
   for (const auto& s : subs) {
-    if (s.request.type == OpType::kJoin) {
+    if (s.request.control.kind == ControlKind::kJoin) {
       joined_ = true;
       join_device_ = s.join_device;
     }

@@ -158,10 +158,7 @@ Status NcclBackend::Execute(const std::vector<Response>& batch, std::vector<Entr
     case OpType::kReducescatter:
       HVD_RETURN_IF_ERROR(Reducescatter(*d, batch, entries, &outs));
       break;
-    case OpType::kBarrier:
-    case OpType::kJoin:
-    case OpType::kAddProcessSet:
-    case OpType::kRemoveProcessSet:
+    case OpType::kControl:
       return Status::Aborted(std::string("internal: ") + OpTypeName(r.type) +
                              " sent to the GPU backend");
   }

@@ -222,26 +222,28 @@ py::tuple Submit(int type, std::vector<at::Tensor> inputs,
     if (i < outputs.size() && outputs[i].has_value()) s.output = *outputs[i];
     s.process_set_id = process_set_id;
   }
-  const OpType t = static_cast<OpType>(type);
-  if ((t == OpType::kBarrier || t == OpType::kJoin || t == OpType::kAddProcessSet ||
-       t == OpType::kRemoveProcessSet) &&
-      subs.empty()) {
-    subs.resize(1);
-    subs[0].request.type = t;
-    subs[0].request.name = names.empty() ? "barrier" : names[0];
-    subs[0].request.root = root;
-    subs[0].request.splits = splits;
-    subs[0].process_set_id = process_set_id;
-    if (t == OpType::kJoin) {  // join's `root` is hvd.join's device, for this rank only
-      subs[0].join_device = root;
-      subs[0].request.root = 0;
-    }
-  }
   std::vector<std::shared_ptr<HandleState>> states;
   Status st = SubmitToRuntime(std::move(subs), &states);
   py::list handles;
   for (auto& s : states) handles.append(G().handles.Add(s));
   return py::make_tuple(static_cast<int>(st.code()), st.message(), handles);
+}
+
+// Submits one control op (a ControlKind): a barrier on `process_set_id`, or on the
+// global set a join (`join_device`: where this rank's zeros go while it has joined),
+// adding a process set of `ranks`, or removing process set `remove_id`.
+py::tuple SubmitControl(int kind, const std::string& name, std::vector<int64_t> ranks,
+                        int remove_id, int join_device, int process_set_id) {
+  ControlOp c;
+  c.kind = static_cast<ControlKind>(kind);
+  c.ranks = std::move(ranks);
+  c.process_set = remove_id;
+  std::vector<Submission> subs{ControlSubmission(std::move(c), name, process_set_id)};
+  subs[0].join_device = join_device;
+  std::vector<std::shared_ptr<HandleState>> states;
+  Status st = SubmitToRuntime(std::move(subs), &states);
+  const int handle = st.ok() ? G().handles.Add(states[0]) : -1;
+  return py::make_tuple(static_cast<int>(st.code()), st.message(), handle);
 }
 
 // Fast path for one op (the optimizer's per-gradient hook): no lists.
@@ -363,6 +365,7 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("submit", &Submit);
   m.def("submit_one", &SubmitOne);
+  m.def("submit_control", &SubmitControl);
   m.def("knobs", &Knobs);
   m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
     return ControlTimeline(true, path, mark_cycles);
@@ -409,10 +412,10 @@ PYBIND11_MODULE(_C, m) {
   m.attr("OP_BROADCAST") = static_cast<int>(OpType::kBroadcast);
   m.attr("OP_ALLTOALL") = static_cast<int>(OpType::kAlltoall);
   m.attr("OP_REDUCESCATTER") = static_cast<int>(OpType::kReducescatter);
-  m.attr("OP_BARRIER") = static_cast<int>(OpType::kBarrier);
-  m.attr("OP_JOIN") = static_cast<int>(OpType::kJoin);
-  m.attr("OP_ADD_PROCESS_SET") = static_cast<int>(OpType::kAddProcessSet);
-  m.attr("OP_REMOVE_PROCESS_SET") = static_cast<int>(OpType::kRemoveProcessSet);
+  m.attr("CONTROL_BARRIER") = static_cast<int>(ControlKind::kBarrier);
+  m.attr("CONTROL_JOIN") = static_cast<int>(ControlKind::kJoin);
+  m.attr("CONTROL_ADD_PROCESS_SET") = static_cast<int>(ControlKind::kAddProcessSet);
+  m.attr("CONTROL_REMOVE_PROCESS_SET") = static_cast<int>(ControlKind::kRemoveProcessSet);
 
   BindWaits(m);
   BindStore(m);

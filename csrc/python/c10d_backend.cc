@@ -295,9 +295,9 @@ class HvdBackend : public c10d::Backend {
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
-    Submission s;
-    s.request.type = OpType::kBarrier;
-    return Run(c10d::OpType::BARRIER, "barrier", {std::move(s)}, {}, nullptr);
+    ControlOp barrier;
+    barrier.kind = ControlKind::kBarrier;
+    return Run(c10d::OpType::BARRIER, "barrier", {ControlSubmission(barrier, "", 0)}, {}, nullptr);
   }
 
  private:

@@ -8,6 +8,25 @@ namespace {
 constexpr uint32_t kRequestMagic = 0x48565251;   // "HVRQ"
 constexpr uint32_t kResponseMagic = 0x48565253;  // "HVRS"
 
+// A control op's fields follow its kind; a data op has only the kind (kNone).
+void Put(Writer& w, const ControlOp& c) {
+  w.U8(static_cast<uint8_t>(c.kind));
+  if (c.kind == ControlKind::kNone) return;
+  w.I64s(c.ranks);
+  w.I32(c.process_set);
+  w.I32(c.last_joined);
+}
+
+ControlOp GetControl(Reader& rd) {
+  ControlOp c;
+  c.kind = static_cast<ControlKind>(rd.U8());
+  if (c.kind == ControlKind::kNone) return c;
+  c.ranks = rd.I64s();
+  c.process_set = rd.I32();
+  c.last_joined = rd.I32();
+  return c;
+}
+
 void Put(Writer& w, const Request& r) {
   w.I32(r.rank);
   w.U8(static_cast<uint8_t>(r.type));
@@ -22,6 +41,7 @@ void Put(Writer& w, const Request& r) {
   w.I64(r.group_id);
   w.I32(r.group_size);
   w.I32(r.device);
+  Put(w, r.control);
 }
 
 Request GetRequest(Reader& rd) {
@@ -39,6 +59,7 @@ Request GetRequest(Reader& rd) {
   r.group_id = rd.I64();
   r.group_size = rd.I32();
   r.device = rd.I32();
+  r.control = GetControl(rd);
   return r;
 }
 
@@ -55,6 +76,7 @@ void Put(Writer& w, const Response& r) {
   w.I64s(r.rank_rows);
   w.I64(r.group_id);
   w.Bool(r.on_gpu);
+  Put(w, r.control);
 }
 
 Response GetResponse(Reader& rd) {
@@ -71,13 +93,20 @@ Response GetResponse(Reader& rd) {
   r.rank_rows = rd.I64s();
   r.group_id = rd.I64();
   r.on_gpu = rd.Bool();
+  r.control = GetControl(rd);
   return r;
 }
 
-bool ValidEnums(OpType t, DataType d, ReduceOp o) {
-  return static_cast<uint8_t>(t) <= static_cast<uint8_t>(OpType::kRemoveProcessSet) &&
-         static_cast<uint8_t>(d) <= static_cast<uint8_t>(DataType::kBool) &&
-         static_cast<uint8_t>(o) <= static_cast<uint8_t>(ReduceOp::kProduct);
+// In range, and a control kind exactly on kControl ops.
+template <typename Message>
+bool ValidEnums(const Message& m) {
+  const bool control = m.type == OpType::kControl;
+  return static_cast<uint8_t>(m.type) <= static_cast<uint8_t>(OpType::kControl) &&
+         static_cast<uint8_t>(m.dtype) <= static_cast<uint8_t>(DataType::kBool) &&
+         static_cast<uint8_t>(m.op) <= static_cast<uint8_t>(ReduceOp::kProduct) &&
+         static_cast<uint8_t>(m.control.kind) <=
+             static_cast<uint8_t>(ControlKind::kRemoveProcessSet) &&
+         control == (m.control.kind != ControlKind::kNone);
 }
 
 Status Finish(const Reader& rd, const char* what) {
@@ -101,13 +130,23 @@ const char* OpTypeName(OpType t) {
       return "alltoall";
     case OpType::kReducescatter:
       return "reducescatter";
-    case OpType::kBarrier:
+    case OpType::kControl:
+      return "control";
+  }
+  return "unknown";
+}
+
+const char* ControlKindName(ControlKind k) {
+  switch (k) {
+    case ControlKind::kNone:
+      return "none";
+    case ControlKind::kBarrier:
       return "barrier";
-    case OpType::kJoin:
+    case ControlKind::kJoin:
       return "join";
-    case OpType::kAddProcessSet:
+    case ControlKind::kAddProcessSet:
       return "add_process_set";
-    case OpType::kRemoveProcessSet:
+    case ControlKind::kRemoveProcessSet:
       return "remove_process_set";
   }
   return "unknown";
@@ -191,7 +230,7 @@ Status Decode(const std::string& bytes, RequestList* list) {
   for (uint32_t i = 0; i < n && rd.ok(); ++i) {
     list->requests.push_back(GetRequest(rd));
     const Request& r = list->requests.back();
-    if (!ValidEnums(r.type, r.dtype, r.op)) return Status::Aborted("corrupt request from a peer");
+    if (!ValidEnums(r)) return Status::Aborted("corrupt request from a peer");
   }
   const uint32_t waits = rd.U32();
   list->waits.clear();
@@ -214,7 +253,7 @@ Status Decode(const std::string& bytes, ResponseList* list) {
   for (uint32_t i = 0; i < n && rd.ok(); ++i) {
     list->responses.push_back(GetResponse(rd));
     const Response& r = list->responses.back();
-    if (!ValidEnums(r.type, r.dtype, r.op)) return Status::Aborted("corrupt response from a peer");
+    if (!ValidEnums(r)) return Status::Aborted("corrupt response from a peer");
   }
   list->has_params = rd.Bool();
   if (list->has_params) {

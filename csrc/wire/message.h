@@ -12,21 +12,50 @@
 
 namespace hvd {
 
+// The data operations, and kControl: an op that moves no tensor (ControlOp says
+// which). Executors and backends run data operations only; the Runtime applies
+// control operations itself.
 enum class OpType : uint8_t {
   kAllreduce = 0,
   kAllgather = 1,
   kBroadcast = 2,
   kAlltoall = 3,
   kReducescatter = 4,
-  kBarrier = 5,
-  kJoin = 6,  // this rank has no more data; it contributes zeros until all have joined
-  // Register a process set (splits: its global ranks, ascending) / remove one
-  // (root: its id). Run on the global set, so every rank applies it at the same
-  // point of its op sequence.
-  kAddProcessSet = 7,
-  kRemoveProcessSet = 8,
+  kControl = 5,
 };
+
+enum class ControlKind : uint8_t {
+  kNone = 0,  // a data operation
+  kBarrier = 1,
+  kJoin = 2,  // this rank has no more data; it contributes zeros until all have joined
+  // Register a process set / remove one. Run on the global set, so every rank applies
+  // it at the same point of its op sequence.
+  kAddProcessSet = 3,
+  kRemoveProcessSet = 4,
+};
+
+// A control operation: negotiated by name like a collective (every rank of its set
+// submits it, in the same order), with fields of its own.
+struct ControlOp {
+  ControlKind kind = ControlKind::kNone;
+  std::vector<int64_t> ranks;  // kAddProcessSet: the new set's global ranks, ascending
+  int32_t process_set = 0;     // kRemoveProcessSet: the set's id
+  int32_t last_joined = -1;    // kJoin, in the response: the last rank to join
+
+  bool operator==(const ControlOp& o) const {
+    return kind == o.kind && ranks == o.ranks && process_set == o.process_set &&
+           last_joined == o.last_joined;
+  }
+};
+
 const char* OpTypeName(OpType t);
+const char* ControlKindName(ControlKind k);
+// "allreduce", ..., or a control op's kind ("barrier", "join", ...): for messages and
+// the timeline.
+template <typename Message>
+const char* OpName(const Message& m) {
+  return m.type == OpType::kControl ? ControlKindName(m.control.kind) : OpTypeName(m.type);
+}
 
 // What one rank wants to run. Everything ranks must agree on is in here.
 struct Request {
@@ -43,6 +72,7 @@ struct Request {
   int64_t group_id = 0;         // 0: not grouped; else every member must be ready
   int32_t group_size = 0;
   int32_t device = -1;  // -1: CPU tensor; else the CUDA device index
+  ControlOp control;    // kControl only
 
   // Everything except `rank`: two ranks' requests for one name must have equal
   // signatures for the cache to treat them as a repeat.
@@ -80,6 +110,7 @@ struct Response {
                                    // reducescatter: rows per rank (empty: even)
   int64_t group_id = 0;
   bool on_gpu = false;  // CUDA tensors: run by the GPU backend
+  ControlOp control;    // kControl only
 };
 
 // The coordinator's straggler measurement (core/straggler.h), sent to every rank:

@@ -252,9 +252,58 @@ TEST(ControllerMatch, ValidatesAndFillsResponse) {
   EXPECT_EQ(a.rank_rows, (std::vector<int64_t>{1, 2, 4, 0}));
 
   // Barrier: shapes are irrelevant.
-  v = reqs(2, Req("b", {}, OpType::kBarrier));
+  Request barrier = Req("b", {}, OpType::kControl);
+  barrier.control.kind = ControlKind::kBarrier;
+  v = reqs(2, barrier);
   v[1].shape = {7};
   EXPECT_EQ(Controller::Match(v, 2).error, "");
+}
+
+// Control ops match on their kind and their own fields, and the response carries them.
+TEST(ControllerMatch, ControlOps) {
+  auto control = [](ControlKind kind) {
+    Request q = Req("c", {}, OpType::kControl);
+    q.control.kind = kind;
+    return q;
+  };
+  auto reqs = [](int n, const Request& r) {
+    std::vector<Request> v(n, r);
+    for (int i = 0; i < n; ++i) v[i].rank = i;
+    return v;
+  };
+  std::vector<Request> v = reqs(2, control(ControlKind::kBarrier));
+  v[1].control.kind = ControlKind::kJoin;
+  EXPECT_NE(Controller::Match(v, 2).error.find("rank 0 has barrier, rank 1 has join"),
+            std::string::npos)
+      << Controller::Match(v, 2).error;
+
+  v = reqs(2, control(ControlKind::kAddProcessSet));
+  v[0].control.ranks = {0, 1};
+  v[1].control.ranks = {0, 1};
+  Response add = Controller::Match(v, 2);
+  EXPECT_EQ(add.error, "");
+  EXPECT_EQ(add.type, OpType::kControl);
+  EXPECT_TRUE(add.control == v[0].control);
+  v[1].control.ranks = {1};
+  Response mismatch = Controller::Match(v, 2);
+  EXPECT_NE(mismatch.error.find("Mismatched process sets to add"), std::string::npos);
+  // An error response is a valid message too (every rank must decode it to fail the op).
+  ResponseList sent, received;
+  sent.responses.push_back(mismatch);
+  HVD_EXPECT_OK(Decode(Encode(sent), &received));
+
+  v = reqs(2, control(ControlKind::kRemoveProcessSet));
+  v[0].control.process_set = 3;
+  v[1].control.process_set = 4;
+  EXPECT_NE(Controller::Match(v, 2).error.find("rank 0 has id 3, rank 1 has id 4"),
+            std::string::npos);
+
+  // A data op and a control op of one name do not match.
+  v = reqs(2, control(ControlKind::kBarrier));
+  v[1].type = OpType::kAllreduce;
+  v[1].control.kind = ControlKind::kNone;
+  EXPECT_NE(Controller::Match(v, 2).error.find("Mismatched collective operations"),
+            std::string::npos);
 }
 
 class ControllerRanks : public ::testing::TestWithParam<int> {};
@@ -492,7 +541,8 @@ TEST(Controller, RandomizedRoundsStayConsistent) {
         std::string name = "x" + std::to_string(i);
         int64_t dim = (r == 1 && mismatched.count(name)) ? 100 + i : i + 1;
         Request q = Req(name, {dim});
-        if (i == 7) q.type = OpType::kBarrier;  // never cached
+        if (i == 7) q.type = OpType::kControl;  // a barrier: never cached
+        if (i == 7) q.control.kind = ControlKind::kBarrier;
         if (i == 7) q.shape = {};
         s[r][static_cast<int>(rng() % 3)].push_back(q);
       }

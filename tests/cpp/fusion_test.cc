@@ -91,7 +91,7 @@ TEST(Fusion, NonAllreduceBreaksBatch) {
   rs[4].type = OpType::kAllgather;
   rs[5].type = OpType::kAllgather;  // two allgathers never fuse
   EXPECT_EQ(PlanFusion(rs, 1 << 20), (Batches{{0, 1}, {2}, {3}, {4}, {5}}));
-  for (OpType t : {OpType::kBroadcast, OpType::kAlltoall, OpType::kBarrier, OpType::kAllgather}) {
+  for (OpType t : {OpType::kBroadcast, OpType::kAlltoall, OpType::kControl, OpType::kAllgather}) {
     std::vector<Response> same(3, AR(1));
     for (auto& r : same) r.type = t;
     EXPECT_EQ(PlanFusion(same, 1 << 20), (Batches{{0}, {1}, {2}})) << OpTypeName(t);

@@ -279,10 +279,22 @@ std::vector<uint64_t> RandomBits(Rng& rng) {
   return v;
 }
 
+// A control op's fields on kControl ops only (the decoder refuses anything else).
+ControlOp RandomControl(Rng& rng, OpType type) {
+  ControlOp c;
+  if (type != OpType::kControl) return c;
+  c.kind =
+      static_cast<ControlKind>(1 + Below(rng, static_cast<int>(ControlKind::kRemoveProcessSet)));
+  c.ranks = RandomI64s(rng);
+  c.process_set = RandomI32(rng);
+  c.last_joined = RandomI32(rng);
+  return c;
+}
+
 Request RandomRequest(Rng& rng) {
   Request r;
   r.rank = RandomI32(rng);
-  r.type = static_cast<OpType>(Below(rng, 1 + static_cast<int>(OpType::kRemoveProcessSet)));
+  r.type = static_cast<OpType>(Below(rng, 1 + static_cast<int>(OpType::kControl)));
   r.name = RandomBytes(rng);
   r.dtype = static_cast<DataType>(Below(rng, 1 + static_cast<int>(DataType::kBool)));
   r.op = static_cast<ReduceOp>(Below(rng, 1 + static_cast<int>(ReduceOp::kProduct)));
@@ -294,6 +306,7 @@ Request RandomRequest(Rng& rng) {
   r.group_id = RandomI64(rng);
   r.group_size = RandomI32(rng);
   r.device = RandomI32(rng);
+  r.control = RandomControl(rng, r.type);
   return r;
 }
 
@@ -312,7 +325,7 @@ RequestList RandomRequestList(Rng& rng) {
 
 Response RandomResponse(Rng& rng) {
   Response r;
-  r.type = static_cast<OpType>(Below(rng, 1 + static_cast<int>(OpType::kRemoveProcessSet)));
+  r.type = static_cast<OpType>(Below(rng, 1 + static_cast<int>(OpType::kControl)));
   r.name = RandomBytes(rng);
   r.error = OneIn(rng, 3) ? RandomBytes(rng) : "";
   r.dtype = static_cast<DataType>(Below(rng, 1 + static_cast<int>(DataType::kBool)));
@@ -324,6 +337,7 @@ Response RandomResponse(Rng& rng) {
   r.rank_rows = RandomI64s(rng);
   r.group_id = RandomI64(rng);
   r.on_gpu = OneIn(rng, 2);
+  r.control = RandomControl(rng, r.type);
   return r;
 }
 
@@ -511,6 +525,7 @@ void ExpectSame(const Request& a, const Request& b) {
   EXPECT_EQ(a.group_id, b.group_id);
   EXPECT_EQ(a.group_size, b.group_size);
   EXPECT_EQ(a.device, b.device);
+  EXPECT_TRUE(a.control == b.control);
 }
 
 void ExpectSame(const RequestList& a, const RequestList& b) {
@@ -536,6 +551,7 @@ void ExpectSame(const Response& a, const Response& b) {
   EXPECT_EQ(a.rank_rows, b.rank_rows);
   EXPECT_EQ(a.group_id, b.group_id);
   EXPECT_EQ(a.on_gpu, b.on_gpu);
+  EXPECT_TRUE(a.control == b.control);
 }
 
 void ExpectSame(const ResponseList& a, const ResponseList& b) {

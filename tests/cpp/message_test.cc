@@ -219,12 +219,13 @@ TEST(Message, AStragglerReportNamingNoRankOfItsOwnFails) {
 }
 
 TEST(Message, EveryEnumValueRoundTrips) {
-  for (int t = 0; t <= static_cast<int>(OpType::kBarrier); ++t) {
+  for (int t = 0; t <= static_cast<int>(OpType::kControl); ++t) {
     for (int d = 0; d <= static_cast<int>(DataType::kBool); ++d) {
       for (int o = 0; o <= static_cast<int>(ReduceOp::kProduct); ++o) {
         RequestList l;
         Request r;
         r.type = static_cast<OpType>(t);
+        if (r.type == OpType::kControl) r.control.kind = ControlKind::kBarrier;
         r.dtype = static_cast<DataType>(d);
         r.op = static_cast<ReduceOp>(o);
         l.requests.push_back(r);
@@ -401,7 +402,49 @@ TEST(Message, OpTypeNames) {
   EXPECT_STREQ(OpTypeName(OpType::kBroadcast), "broadcast");
   EXPECT_STREQ(OpTypeName(OpType::kAlltoall), "alltoall");
   EXPECT_STREQ(OpTypeName(OpType::kReducescatter), "reducescatter");
-  EXPECT_STREQ(OpTypeName(OpType::kBarrier), "barrier");
+  EXPECT_STREQ(OpTypeName(OpType::kControl), "control");
+  EXPECT_STREQ(ControlKindName(ControlKind::kBarrier), "barrier");
+  EXPECT_STREQ(ControlKindName(ControlKind::kJoin), "join");
+  EXPECT_STREQ(ControlKindName(ControlKind::kAddProcessSet), "add_process_set");
+  EXPECT_STREQ(ControlKindName(ControlKind::kRemoveProcessSet), "remove_process_set");
+  Request r;
+  r.type = OpType::kControl;
+  r.control.kind = ControlKind::kJoin;
+  EXPECT_STREQ(OpName(r), "join");
+  r.type = OpType::kAlltoall;
+  EXPECT_STREQ(OpName(r), "alltoall");
+}
+
+// A control op's fields travel only with kControl, and kControl only with a kind: a
+// request or response that breaks either rule is refused as corrupt.
+TEST(Message, ControlFieldsRoundTripAndMustMatchTheType) {
+  RequestList l;
+  Request r;
+  r.type = OpType::kControl;
+  r.control.kind = ControlKind::kAddProcessSet;
+  r.control.ranks = {0, 2, 5};
+  l.requests.push_back(r);
+  RequestList out;
+  ASSERT_TRUE(Decode(Encode(l), &out).ok());
+  EXPECT_TRUE(out.requests[0].control == r.control);
+
+  l.requests[0].control.kind = ControlKind::kNone;  // kControl without a kind
+  EXPECT_FALSE(Decode(Encode(l), &out).ok());
+  l.requests[0].type = OpType::kAllreduce;  // a data op with a kind
+  l.requests[0].control.kind = ControlKind::kBarrier;
+  EXPECT_FALSE(Decode(Encode(l), &out).ok());
+
+  ResponseList rl;
+  Response resp;
+  resp.type = OpType::kControl;
+  resp.control.kind = ControlKind::kJoin;
+  resp.control.last_joined = 2;
+  rl.responses.push_back(resp);
+  ResponseList rout;
+  ASSERT_TRUE(Decode(Encode(rl), &rout).ok());
+  EXPECT_EQ(rout.responses[0].control.last_joined, 2);
+  rl.responses[0].control.kind = static_cast<ControlKind>(9);  // out of range
+  EXPECT_FALSE(Decode(Encode(rl), &rout).ok());
 }
 
 }  // namespace

@@ -88,6 +88,13 @@ Submission Op(OpType type, const std::string& name, at::Tensor input,
   return s;
 }
 
+// A control op on the global set.
+Submission Control(ControlKind kind, const std::string& name) {
+  ControlOp c;
+  c.kind = kind;
+  return ControlSubmission(c, name, 0);
+}
+
 Submission Allreduce(const std::string& name, at::Tensor t, ReduceOp op = ReduceOp::kSum) {
   Submission s = Op(OpType::kAllreduce, name, t, op);
   s.output = t;  // in place, as the optimizer's allreduce_
@@ -367,8 +374,8 @@ TEST(RuntimeTest, LocalChecksRefuseBeforeQueuing) {
       EXPECT_FALSE(st.ok());
       EXPECT_TRUE(h.empty());
 
-      Submission remove_global = Op(OpType::kRemoveProcessSet, "rm", at::Tensor());
-      remove_global.request.root = 0;
+      Submission remove_global = Control(ControlKind::kRemoveProcessSet, "rm");
+      remove_global.request.control.process_set = 0;
       st = rt.Submit({remove_global}, &h);
       EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
     }
@@ -393,8 +400,8 @@ TEST(RuntimeTest, ProcessSetAddRunRemove) {
   HVD_ASSERT_OK(job.Start(3));
   RunRanks(3, [&](int r) {
     Runtime& rt = *job.rt[r];
-    Submission add = Op(OpType::kAddProcessSet, "add", at::Tensor());
-    add.request.splits = {0, 2};
+    Submission add = Control(ControlKind::kAddProcessSet, "add");
+    add.request.control.ranks = {0, 2};
     std::shared_ptr<HandleState> h;
     HVD_ASSERT_OK(RunOne(rt, add, &h));
     const int id = h->output().item<int>();
@@ -412,8 +419,8 @@ TEST(RuntimeTest, ProcessSetAddRunRemove) {
       HVD_EXPECT_OK(RunOne(rt, in_set));
       EXPECT_TRUE(at::equal(t, at::full({3}, 4.0)));  // ranks 0 and 2: 1 + 3
     }
-    Submission remove = Op(OpType::kRemoveProcessSet, "remove", at::Tensor());
-    remove.request.root = id;
+    Submission remove = Control(ControlKind::kRemoveProcessSet, "remove");
+    remove.request.control.process_set = id;
     HVD_EXPECT_OK(RunOne(rt, remove));
     EXPECT_EQ(rt.process_sets().count(id), 0u);
   });
@@ -430,7 +437,7 @@ TEST(RuntimeTest, JoinedRankContributesZeros) {
     Runtime& rt = *job.rt[r];
     std::vector<std::shared_ptr<HandleState>> h;
     if (r == 1) {
-      HVD_EXPECT_OK(RunOps(rt, {Op(OpType::kJoin, "join", at::Tensor())}, &h));
+      HVD_EXPECT_OK(RunOps(rt, {Control(ControlKind::kJoin, "join")}, &h));
     } else {
       for (int i = 0; i < 3; ++i) {
         at::Tensor t = at::full({4}, static_cast<double>(r + 1));
@@ -438,12 +445,12 @@ TEST(RuntimeTest, JoinedRankContributesZeros) {
         EXPECT_TRUE(at::equal(t, at::full({4}, 4.0))) << t;  // 1 + 0 + 3
       }
       if (r == 0) {
-        HVD_EXPECT_OK(rt.Submit({Op(OpType::kJoin, "join", at::Tensor())}, &h));
+        HVD_EXPECT_OK(rt.Submit({Control(ControlKind::kJoin, "join")}, &h));
         rank0_joined = true;
       } else {  // rank 2 joins last, well after rank 0's join was sent
         while (!rank0_joined) std::this_thread::sleep_for(std::chrono::milliseconds(1));
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
-        HVD_EXPECT_OK(rt.Submit({Op(OpType::kJoin, "join", at::Tensor())}, &h));
+        HVD_EXPECT_OK(rt.Submit({Control(ControlKind::kJoin, "join")}, &h));
       }
       ASSERT_EQ(h.size(), 1u);
       ASSERT_TRUE(h[0]->Wait(0, kWait));

@@ -1,5 +1,6 @@
-// Runtime, process sets: the registry of process sets (add/remove, run identically
-// by every rank as ops of the global set) and the controller each set negotiates with.
+// Runtime, control ops: barrier and join, and the registry of process sets (added and
+// removed identically by every rank, as control ops of the global set), with the
+// controller each set negotiates with.
 #include "core/runtime.h"
 
 #include <limits>
@@ -31,9 +32,34 @@ std::unique_ptr<Controller> Runtime::NewController(Communicator* transport,
   return c;
 }
 
-Status Runtime::ChangeProcessSets(const Response& r, Entry& e) {
-  if (r.type == OpType::kRemoveProcessSet) {
-    const int32_t id = r.root;
+Status Runtime::ApplyControl(ProcessSetState& ps, const std::vector<Response>& batch, Entry& e) {
+  const ControlOp& c = batch[0].control;
+  switch (c.kind) {
+    case ControlKind::kAddProcessSet:
+    case ControlKind::kRemoveProcessSet:
+      return ChangeProcessSets(c, e);
+    case ControlKind::kJoin: {
+      Trace(batch, std::string(ps.transport->name()) + "_" + OpName(batch[0]));
+      {
+        MutexLock lock(mu_);
+        joined_ = false;
+      }
+      e.handle->Complete(Status::Ok(), at::full({1}, c.last_joined, at::kInt));
+      return Status::Ok();
+    }
+    case ControlKind::kBarrier:
+      Trace(batch, std::string(ps.transport->name()) + "_" + OpName(batch[0]));
+      e.handle->Complete(Status::Ok());  // negotiated means every rank is here
+      return Status::Ok();
+    case ControlKind::kNone:
+      break;
+  }
+  return Status::Aborted("internal: a control op of no kind ('" + batch[0].name + "')");
+}
+
+Status Runtime::ChangeProcessSets(const ControlOp& c, Entry& e) {
+  if (c.kind == ControlKind::kRemoveProcessSet) {
+    const int32_t id = c.process_set;
     std::vector<Entry> orphans;
     {
       MutexLock lock(mu_);
@@ -60,7 +86,7 @@ Status Runtime::ChangeProcessSets(const Response& r, Entry& e) {
     e.handle->Complete(Status::Ok(), at::full({1}, id, at::kInt));
     return Status::Ok();
   }
-  std::vector<int> ranks(r.rank_rows.begin(), r.rank_rows.end());
+  std::vector<int> ranks(c.ranks.begin(), c.ranks.end());
   {
     MutexLock lock(mu_);
     for (const auto& kv : set_ranks_) {
