@@ -22,7 +22,7 @@ training within float rounding (the sums run in another order).
 
 ``ShardedStateMixin`` holds the methods that replace or extend
 ``_DistributedOptimizer``'s; the elastic handler that keeps a replica of each shard is
-``ShardedOptimizerStateHandler`` in elastic/state.py, and the parts it copies and
+``ShardedOptimizerStateHandler`` in elastic/handlers.py, and the parts it copies and
 re-shards are built and moved by sharded_recovery.py.
 """
 import copy
@@ -38,9 +38,6 @@ from horovod_torch.process_sets import _ps_id, _set_rank, _set_size
 from horovod_torch.submit import synchronize
 from horovod_torch.optimizer import _DistributedOptimizer
 from horovod_torch.sharded_recovery import _to_cpu, pack
-# Re-exported: elastic/state.py reaches these as sharded.<name>.
-from horovod_torch.sharded_recovery import gather_offers, keepers, missing  # noqa: F401
-from horovod_torch.sharded_recovery import reshard, send_parts, unpack  # noqa: F401
 
 
 def partition(sizes: List[int], n: int) -> List[int]:

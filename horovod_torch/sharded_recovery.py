@@ -5,7 +5,7 @@ A part is one rank's optimizer state as one flat host buffer per dtype (``pack``
 ``send_parts``), gathers what every rank offers after a membership change
 (``gather_offers``, ``missing``) and re-shards it for the new world (``reshard``).
 Used by ``ShardedStateMixin._part`` (horovod_torch/sharded.py) and by
-``ShardedOptimizerStateHandler`` in elastic/state.py.
+``ShardedOptimizerStateHandler`` in elastic/handlers.py.
 """
 import copy
 from typing import Any, Dict, List, Optional, Tuple
