@@ -7,15 +7,16 @@ from typing import List, NamedTuple, Optional, Tuple
 from horovod_torch import _C, launch_env, rendezvous
 from horovod_torch.exceptions import HorovodInternalError
 
-# Reduction ops (Horovod's numbering).
-Average = 0
-Sum = 1
-Adasum = 2
-Min = 3
-Max = 4
-Product = 5
+# Reduction ops (Horovod's numbering), from the C++ core's table (csrc/common/types.h).
+Average = _C.REDUCE_OPS["Average"]
+Sum = _C.REDUCE_OPS["Sum"]
+Adasum = _C.REDUCE_OPS["Adasum"]
+Min = _C.REDUCE_OPS["Min"]
+Max = _C.REDUCE_OPS["Max"]
+Product = _C.REDUCE_OPS["Product"]
 
-_OK, _INVALID, _MISMATCH, _ABORTED = 0, 1, 2, 3
+_OK, _INVALID, _MISMATCH, _ABORTED = (_C.STATUS_OK, _C.STATUS_INVALID_ARGUMENT,
+                                      _C.STATUS_MISMATCH, _C.STATUS_ABORTED)
 
 _lock = threading.Lock()
 _init_counts: dict = {}  # rendezvous prefix -> static inits this process started under it

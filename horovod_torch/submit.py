@@ -9,7 +9,7 @@ from typing import Dict, List, Optional
 import torch
 
 from horovod_torch import _C
-from horovod_torch.basics import Adasum, Average, Max, Min, Product, Sum, raise_for_status
+from horovod_torch.basics import Average, Sum, raise_for_status
 from horovod_torch.handle import Handle
 
 _name_lock = threading.Lock()
@@ -51,8 +51,7 @@ def reset_auto_names() -> None:
         _counters.clear()
 
 
-_OPS = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max",
-        Product: "Product"}
+_OPS = {value: name for name, value in _C.REDUCE_OPS.items()}  # every op the core knows
 
 
 def _resolve_op(op: Optional[int], average: Optional[bool]) -> int:

@@ -9,20 +9,11 @@ namespace hvd {
 
 size_t DataTypeSize(DataType dtype) {
   switch (dtype) {
-    case DataType::kUInt8:
-    case DataType::kInt8:
-    case DataType::kBool:
-      return 1;
-    case DataType::kInt16:
-    case DataType::kFloat16:
-    case DataType::kBFloat16:
-      return 2;
-    case DataType::kInt32:
-    case DataType::kFloat32:
-      return 4;
-    case DataType::kInt64:
-    case DataType::kFloat64:
-      return 8;
+#define HVD_SIZE_ROW(name, value, text, bytes, torch) \
+  case DataType::name:                                \
+    return bytes;
+    HVD_DATA_TYPES(HVD_SIZE_ROW)
+#undef HVD_SIZE_ROW
   }
   HVD_CHECK(false && "unknown DataType");
   return 0;
@@ -30,44 +21,22 @@ size_t DataTypeSize(DataType dtype) {
 
 const char* DataTypeName(DataType dtype) {
   switch (dtype) {
-    case DataType::kUInt8:
-      return "uint8";
-    case DataType::kInt8:
-      return "int8";
-    case DataType::kInt16:
-      return "int16";
-    case DataType::kInt32:
-      return "int32";
-    case DataType::kInt64:
-      return "int64";
-    case DataType::kFloat16:
-      return "float16";
-    case DataType::kBFloat16:
-      return "bfloat16";
-    case DataType::kFloat32:
-      return "float32";
-    case DataType::kFloat64:
-      return "float64";
-    case DataType::kBool:
-      return "bool";
+#define HVD_NAME_ROW(name, value, text, bytes, torch) \
+  case DataType::name:                                \
+    return text;
+    HVD_DATA_TYPES(HVD_NAME_ROW)
+#undef HVD_NAME_ROW
   }
   return "unknown";
 }
 
 const char* ReduceOpName(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kAverage:
-      return "Average";
-    case ReduceOp::kSum:
-      return "Sum";
-    case ReduceOp::kAdasum:
-      return "Adasum";
-    case ReduceOp::kMin:
-      return "Min";
-    case ReduceOp::kMax:
-      return "Max";
-    case ReduceOp::kProduct:
-      return "Product";
+#define HVD_NAME_ROW(name, value, text) \
+  case ReduceOp::name:                  \
+    return text;
+    HVD_REDUCE_OPS(HVD_NAME_ROW)
+#undef HVD_NAME_ROW
   }
   return "unknown";
 }

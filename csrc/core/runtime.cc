@@ -21,6 +21,7 @@
 #include "common/check.h"
 #include "common/logging.h"
 #include "core/fusion.h"
+#include "core/torch_types.h"
 
 namespace hvd {
 namespace {
@@ -374,10 +375,7 @@ void Runtime::FailAll(const Status& status) {
 }
 
 Entry Runtime::JoinedEntry(const Response& r) {
-  static const at::ScalarType kTypes[] = {at::kByte,   at::kChar, at::kShort,    at::kInt,
-                                          at::kLong,   at::kHalf, at::kBFloat16, at::kFloat,
-                                          at::kDouble, at::kBool};
-  auto options = at::TensorOptions().dtype(kTypes[static_cast<int>(r.dtype)]);
+  auto options = at::TensorOptions().dtype(TorchType(r.dtype));
   if (r.on_gpu) {
     int32_t device;
     {

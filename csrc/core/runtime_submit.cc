@@ -6,48 +6,9 @@
 
 #include "common/check.h"
 #include "common/logging.h"
+#include "core/torch_types.h"
 
 namespace hvd {
-namespace {
-
-bool ToDataType(at::ScalarType t, DataType* out) {
-  switch (t) {
-    case at::kByte:
-      *out = DataType::kUInt8;
-      return true;
-    case at::kChar:
-      *out = DataType::kInt8;
-      return true;
-    case at::kShort:
-      *out = DataType::kInt16;
-      return true;
-    case at::kInt:
-      *out = DataType::kInt32;
-      return true;
-    case at::kLong:
-      *out = DataType::kInt64;
-      return true;
-    case at::kHalf:
-      *out = DataType::kFloat16;
-      return true;
-    case at::kBFloat16:
-      *out = DataType::kBFloat16;
-      return true;
-    case at::kFloat:
-      *out = DataType::kFloat32;
-      return true;
-    case at::kDouble:
-      *out = DataType::kFloat64;
-      return true;
-    case at::kBool:
-      *out = DataType::kBool;
-      return true;
-    default:
-      return false;
-  }
-}
-
-}  // namespace
 
 Status Runtime::CheckControl(const Submission& s) const {
   const ControlOp& c = s.request.control;
@@ -142,7 +103,7 @@ Status Runtime::CheckLocal(const Submission& s, const std::vector<int>* set_rank
                                    "' needs an output tensor of its input's dtype and shape");
   }
   bool reduces = r.type == OpType::kAllreduce || r.type == OpType::kReducescatter;
-  if (reduces && static_cast<int>(r.op) > static_cast<int>(ReduceOp::kProduct)) {
+  if (reduces && static_cast<int>(r.op) >= kNumReduceOps) {
     return Status::InvalidArgument(std::string(op) + " of '" + r.name + "': op " +
                                    std::to_string(static_cast<int>(r.op)) +
                                    " is not a reduction op (Average, Sum, Min, Max, Product)");

@@ -412,6 +412,17 @@ PYBIND11_MODULE(_C, m) {
   m.attr("OP_BROADCAST") = static_cast<int>(OpType::kBroadcast);
   m.attr("OP_ALLTOALL") = static_cast<int>(OpType::kAlltoall);
   m.attr("OP_REDUCESCATTER") = static_cast<int>(OpType::kReducescatter);
+  // The reduction ops (common/types.h's table) by Horovod's names, and the status codes
+  // errors come back with (basics.raise_for_status).
+  py::dict reduce_ops;
+#define HVD_REDUCE_OP_ROW(name, value, text) reduce_ops[text] = value;
+  HVD_REDUCE_OPS(HVD_REDUCE_OP_ROW)
+#undef HVD_REDUCE_OP_ROW
+  m.attr("REDUCE_OPS") = reduce_ops;
+  m.attr("STATUS_OK") = static_cast<int>(StatusCode::kOk);
+  m.attr("STATUS_INVALID_ARGUMENT") = static_cast<int>(StatusCode::kInvalidArgument);
+  m.attr("STATUS_MISMATCH") = static_cast<int>(StatusCode::kMismatch);
+  m.attr("STATUS_ABORTED") = static_cast<int>(StatusCode::kAborted);
   m.attr("CONTROL_BARRIER") = static_cast<int>(ControlKind::kBarrier);
   m.attr("CONTROL_JOIN") = static_cast<int>(ControlKind::kJoin);
   m.attr("CONTROL_ADD_PROCESS_SET") = static_cast<int>(ControlKind::kAddProcessSet);

@@ -102,8 +102,7 @@ template <typename Message>
 bool ValidEnums(const Message& m) {
   const bool control = m.type == OpType::kControl;
   return static_cast<uint8_t>(m.type) <= static_cast<uint8_t>(OpType::kControl) &&
-         static_cast<uint8_t>(m.dtype) <= static_cast<uint8_t>(DataType::kBool) &&
-         static_cast<uint8_t>(m.op) <= static_cast<uint8_t>(ReduceOp::kProduct) &&
+         static_cast<int>(m.dtype) < kNumDataTypes && static_cast<int>(m.op) < kNumReduceOps &&
          static_cast<uint8_t>(m.control.kind) <=
              static_cast<uint8_t>(ControlKind::kRemoveProcessSet) &&
          control == (m.control.kind != ControlKind::kNone);

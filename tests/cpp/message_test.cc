@@ -358,6 +358,17 @@ TEST(Message, DecodeRejectsOutOfRangeEnums) {
   EXPECT_EQ(out.responses[0].dtype, DataType::kFloat32);
   EXPECT_FALSE(Decode(bad_type, &out).ok()) << "OpType 200 accepted";
   EXPECT_FALSE(Decode(bad_dtype, &out).ok()) << "DataType 200 accepted";
+  // The first value past each table (common/types.h) is refused, the last row accepted.
+  const size_t op_off = dtype_off + 1;
+  std::string edge = good;
+  edge[dtype_off] = static_cast<char>(kNumDataTypes - 1);
+  edge[op_off] = static_cast<char>(kNumReduceOps - 1);
+  EXPECT_TRUE(Decode(edge, &out).ok());
+  edge[dtype_off] = static_cast<char>(kNumDataTypes);
+  EXPECT_FALSE(Decode(edge, &out).ok()) << "DataType past the table accepted";
+  edge[dtype_off] = static_cast<char>(kNumDataTypes - 1);
+  edge[op_off] = static_cast<char>(kNumReduceOps);
+  EXPECT_FALSE(Decode(edge, &out).ok()) << "ReduceOp past the table accepted";
 }
 
 TEST(Message, SignatureIgnoresRankOnly) {

@@ -112,6 +112,8 @@ TEST(Types, SizesNamesAndKinds) {
   EXPECT_STREQ(DataTypeName(DataType::kBool), "bool");
   EXPECT_STREQ(ReduceOpName(ReduceOp::kAverage), "Average");
   EXPECT_STREQ(ReduceOpName(ReduceOp::kProduct), "Product");
+  EXPECT_EQ(kNumDataTypes, 10);  // the tables' rows
+  EXPECT_EQ(kNumReduceOps, 6);
   // Numbering follows Horovod's Python constants.
   EXPECT_EQ(static_cast<int>(ReduceOp::kAverage), 0);
   EXPECT_EQ(static_cast<int>(ReduceOp::kSum), 1);
