@@ -45,3 +45,21 @@ def test_environment_reads_outside_launch_env_and_config_are_found(tmp_path):
     assert check_layers.check_environ() == []
     assert "horovod_torch.lightning.strategy" not in check_layers.ENVIRON_MODULES
     assert "horovod_torch.torch_distributed" not in check_layers.ENVIRON_MODULES
+
+
+def test_control_op_fields_read_outside_the_runtime_are_found():
+    text = ("  switch (r.type) {\n"
+            "    if (r.control.kind == ControlKind::kJoin) {}\n"
+            "  // control.ranks in a comment is fine\n"
+            "  Submission s = ControlSubmission(c, \"x\", 0);\n")
+    assert check_layers.control_uses(text) == [2, 4]
+    assert check_layers.check_control_ops() == []
+    assert "csrc/core/host_executor.cc" not in check_layers.CONTROL_FILES
+    assert "csrc/nccl/nccl_backend.cc" not in check_layers.CONTROL_FILES
+
+
+def test_source_files_over_the_line_limit_are_found(tmp_path, monkeypatch):
+    assert check_layers.check_file_lengths() == []
+    monkeypatch.setattr(check_layers, "MAX_LINES", 50)
+    errors = check_layers.check_file_lengths()
+    assert any("csrc/core/runtime.cc" in e for e in errors), errors

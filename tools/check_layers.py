@@ -118,6 +118,58 @@ def check_cpp() -> List[str]:
     return errors
 
 
+# Control operations (barrier, join, process-set changes) have fields of their own
+# (wire/message.h's ControlOp). The files that build, match or apply them; elsewhere
+# (executors, backends, transports) a control op's fields must not be read.
+CONTROL_FILES = {
+    "csrc/wire/message.h", "csrc/wire/message.cc",            # the message
+    "csrc/core/entry.h",                                       # ControlSubmission
+    "csrc/core/runtime.h", "csrc/core/runtime.cc",             # applied by the Runtime
+    "csrc/core/runtime_submit.cc", "csrc/core/runtime_control.cc",
+    "csrc/core/controller.cc", "csrc/core/controller_match.cc",  # negotiated and matched
+    "csrc/python/bindings.cc", "csrc/python/c10d_backend.cc",  # submitted
+}
+CONTROL_USE = re.compile(r"\bControlKind::|\bcontrol\.(kind|ranks|process_set|last_joined)\b|"
+                         r"\bControlSubmission\(")
+
+
+def control_uses(text: str) -> List[int]:
+    """Lines of C++ source `text` that read or build a control op's fields."""
+    return [i + 1 for i, line in enumerate(text.splitlines())
+            if CONTROL_USE.search(line.split("//")[0])]
+
+
+def check_control_ops() -> List[str]:
+    errors = []
+    for f in sorted((ROOT / "csrc").rglob("*")):
+        rel = f.relative_to(ROOT).as_posix()
+        if f.suffix not in (".cc", ".h") or rel in CONTROL_FILES:
+            continue
+        for line in control_uses(f.read_text()):
+            errors.append(f"{rel}:{line}: reads a control op's fields; control ops are the "
+                          "Runtime's (tools/check_layers.py CONTROL_FILES)")
+    return errors
+
+
+# One job per file: a source file over MAX_LINES lines is refused, except the files
+# named here, with the reason (generated files and tables).
+MAX_LINES = 500
+LONG_FILES: Dict[str, str] = {}
+
+
+def check_file_lengths() -> List[str]:
+    errors = []
+    sources = [f for f in (ROOT / "csrc").rglob("*") if f.suffix in (".cc", ".h")]
+    sources += list((ROOT / "horovod_torch").rglob("*.py"))
+    for f in sorted(sources):
+        rel = f.relative_to(ROOT).as_posix()
+        n = len(f.read_text().splitlines())
+        if n > MAX_LINES and rel not in LONG_FILES:
+            errors.append(f"{rel}: {n} lines, more than {MAX_LINES}; split it along its seams "
+                          "(one job per file)")
+    return errors
+
+
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -246,12 +298,13 @@ def cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
 
 
 def main() -> int:
-    errors = check_cpp() + check_python() + check_environ()
+    errors = (check_cpp() + check_python() + check_environ() + check_control_ops() +
+              check_file_lengths())
     for e in errors:
         print(e)
     if errors:
-        print(f"{len(errors)} forbidden arrow(s); the allowed ones are in tools/check_layers.py "
-              "(docs/design.md §1)")
+        print(f"{len(errors)} problem(s); the allowed arrows, control-op files and long files "
+              "are in tools/check_layers.py (docs/design.md §1)")
         return 1
     print("layering: every include and module-level import follows docs/design.md §1")
     return 0
