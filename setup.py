@@ -184,6 +184,14 @@ def _record_torch_version():
         f.write(f"TORCH_VERSION = {torch.__version__!r}\n")
         f.write("# Optional parts left out, and why (horovodrun --check-build says it).\n")
         f.write(f"NOT_BUILT = {NOT_BUILT!r}\n")
+        # The optional parts built and their include directories (the thread-safety check,
+        # tools/check_thread_safety.sh, parses them with the same headers).
+        parts = {}
+        if WITH_NCCL:
+            parts["nccl"] = [NCCL[0], CUDA_INCLUDE]
+        if WITH_MPI:
+            parts["mpi"] = list(MPI[0])
+        f.write(f"OPTIONAL_PARTS = {parts!r}\n")
 
 
 # Our own code compiles without warnings; HOROVOD_TORCH_WERROR=1 (CI) makes one an

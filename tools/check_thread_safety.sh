@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Clang's thread-safety analysis over csrc/ (docs/design.md §1, common/thread_annotations.h):
 # every file of the layers the build always compiles (common, wire, rendezvous,
-# transport, core, python) is parsed with -Wthread-safety as an error. The optional
-# backends (csrc/mpi, csrc/nccl) need MPI and CUDA headers and are left out.
+# transport, core, python) is parsed with -Wthread-safety as an error, and so are the
+# optional backends (csrc/nccl, csrc/mpi) the extension was last built with, with the
+# include directories the build used (OPTIONAL_PARTS in horovod_torch/_build_info.py).
 #
 #   tools/check_thread_safety.sh [python]   # the Python whose torch headers to use
 #
@@ -21,9 +22,19 @@ FLAGS=(-std=c++20 -fsyntax-only -Wthread-safety -Werror=thread-safety -Icsrc
        -I"$TORCH/include" -I"$TORCH/include/torch/csrc/api/include" -I"$PYINC"
        -DTORCH_API_INCLUDE_EXTENSION_H -DTORCH_EXTENSION_NAME=_C)
 files=$(ls csrc/{common,wire,rendezvous,transport,core,python}/*.cc)
+# The optional parts built, one line each: the part, then its include directories.
+optional=$("$PY" -c "import runpy; info = runpy.run_path('horovod_torch/_build_info.py'); \
+[print(p, *d) for p, d in info.get('OPTIONAL_PARTS', {}).items()]" 2>/dev/null || true)
+checked="common wire rendezvous transport core python"
+while read -r part dirs; do
+  [ -n "$part" ] || continue
+  files="$files $(ls csrc/"$part"/*.cc)"
+  for d in $dirs; do FLAGS+=(-I"$d"); done
+  checked="$checked $part"
+done <<< "$optional"
 # Two at a time; each prints its diagnostics and fails the check on an error.
 if printf '%s\n' $files | xargs -P 2 -I{} "$CXX" "${FLAGS[@]}" {}; then
-  echo "thread-safety check: $(echo $files | wc -w) files, no lock annotation violated"
+  echo "thread-safety check: $(echo $files | wc -w) files ($checked), no lock annotation violated"
 else
   echo "thread-safety check: failed (see above; annotations in csrc/common/thread_annotations.h)" >&2
   exit 1
