@@ -38,6 +38,12 @@ def _sources(folder):
     return sorted(glob.glob(os.path.join("csrc", folder, "*.cc")))
 
 
+def _part_sources(folder, built):
+    """An optional part's files when it is built, else only its stub (no_<folder>.cc)."""
+    stub = os.path.join("csrc", folder, f"no_{folder}.cc")
+    return [f for f in _sources(folder) if f != stub] if built else [stub]
+
+
 def _optional_part(name, folder, detect):
     """Returns True if the optional part `name` is to be built."""
     force_on = os.environ.get(f"HOROVOD_WITH_{name}") == "1"
@@ -45,7 +51,7 @@ def _optional_part(name, folder, detect):
     if force_off:
         NOT_BUILT[name] = f"HOROVOD_WITHOUT_{name}=1 was set"
         return False
-    have_sources = os.path.isdir(os.path.join(ROOT, "csrc", folder))
+    have_sources = bool(_part_sources(folder, True))
     reason = None
     if not have_sources:
         reason = f"this source tree has no {name} backend (csrc/{folder}) yet"
@@ -139,12 +145,12 @@ if "MPI" in NOT_BUILT and MPI is None:
                         if _mpi_flags.wrapper is None else
                         f"{_mpi_flags.wrapper} named no MPI library")
 
-sources = [s for d in CORE_DIRS for s in _sources(d)]
+# The parts always built, then each optional part or its stub (whole files, no #ifdef).
+sources = ([s for d in CORE_DIRS for s in _sources(d)] + _part_sources("nccl", WITH_NCCL) +
+           _part_sources("mpi", WITH_MPI))
 include_dirs = [os.path.join(ROOT, "csrc")]
 libraries, library_dirs, runtime_dirs = [], [], []
 if WITH_NCCL:
-    # The NCCL registry replaces the no-GPU one (docs/design.md §2: whole files, no #ifdef).
-    sources = [s for s in sources if not s.endswith("no_gpu.cc")] + _sources("nccl")
     include_dirs += [NCCL[0], CUDA_INCLUDE]
     libraries += ["c10_cuda", "torch_cuda", ":" + os.path.basename(
         sorted(glob.glob(os.path.join(NCCL[1], "libnccl.so*")))[0])]
@@ -152,8 +158,6 @@ if WITH_NCCL:
     runtime_dirs += [NCCL[1]]
     print(f"horovod_torch: building with NCCL from {NCCL[0]}")
 if WITH_MPI:
-    # The MPI communicator replaces the no-MPI stubs (whole files, no #ifdef).
-    sources = [s for s in sources if not s.endswith("no_mpi.cc")] + _sources("mpi")
     include_dirs += MPI[0]
     libraries += MPI[2]
     library_dirs += MPI[1]

@@ -29,7 +29,7 @@ CPP_USES: Dict[str, Set[str]] = {
     "mpi": {"common", "wire", "rendezvous", "transport"},
     "core": {"common", "wire", "rendezvous", "transport"},
     "nccl": {"common", "wire", "core"},
-    "python": {"common", "wire", "rendezvous", "transport", "core"},
+    "python": {"common", "wire", "rendezvous", "transport", "core", "mpi"},  # mpi: its setup
 }
 # Third-party headers (by their first path component) and the parts that may use them.
 CPP_EXTERNAL: Dict[str, Set[str]] = {

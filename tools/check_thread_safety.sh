@@ -21,14 +21,14 @@ print(os.path.dirname(torch.__file__), sysconfig.get_paths()['include'])")
 FLAGS=(-std=c++20 -fsyntax-only -Wthread-safety -Werror=thread-safety -Icsrc
        -I"$TORCH/include" -I"$TORCH/include/torch/csrc/api/include" -I"$PYINC"
        -DTORCH_API_INCLUDE_EXTENSION_H -DTORCH_EXTENSION_NAME=_C)
-files=$(ls csrc/{common,wire,rendezvous,transport,core,python}/*.cc)
+files=$(ls csrc/{common,wire,rendezvous,transport,core,python}/*.cc csrc/{nccl,mpi}/no_*.cc)
 # The optional parts built, one line each: the part, then its include directories.
 optional=$("$PY" -c "import runpy; info = runpy.run_path('horovod_torch/_build_info.py'); \
 [print(p, *d) for p, d in info.get('OPTIONAL_PARTS', {}).items()]" 2>/dev/null || true)
 checked="common wire rendezvous transport core python"
 while read -r part dirs; do
   [ -n "$part" ] || continue
-  files="$files $(ls csrc/"$part"/*.cc)"
+  files="$files $(ls csrc/"$part"/*.cc | grep -v /no_)"
   for d in $dirs; do FLAGS+=(-I"$d"); done
   checked="$checked $part"
 done <<< "$optional"

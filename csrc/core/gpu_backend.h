@@ -1,7 +1,7 @@
 // The GPU data plane seen from the core: an Executor (core/executor.h) with no CUDA
 // or NCCL types, so the core compiles the same with or without them (docs/design.md
 // §2). The one implementation, csrc/nccl/, is compiled only when CUDA and NCCL are
-// found; the build then links csrc/nccl/registry.cc instead of csrc/core/no_gpu.cc,
+// found; the build then links csrc/nccl/registry.cc instead of csrc/nccl/no_nccl.cc,
 // and CreateGpuBackend() returns it.
 //
 // Threading: RecordReady() runs on the submitting Python thread; Execute() and

@@ -31,14 +31,14 @@ Status HostExecutor::Execute(const std::vector<Response>& batch, std::vector<Ent
   const Response& r = batch[0];
   if (r.type == OpType::kAllreduce) return Allreduce(batch, entries);
   if (r.type == OpType::kReducescatter) return Reducescatter(batch, entries);
-  TraceBatch(timeline_, batch, std::string(transport_->name()) + "_" + OpTypeName(r.type));
+  TraceBatch(timeline_, batch, std::string(comm_->name()) + "_" + OpTypeName(r.type));
   return RunOne(r, entries[0]);
 }
 
 Status HostExecutor::Allreduce(const std::vector<Response>& batch, std::vector<Entry>& entries) {
   const Response& r = batch[0];
-  const std::string coll = std::string(transport_->name()) + "_ALLREDUCE";
-  const FoldedReduction f = FoldAverage(r.op, r.prescale, r.postscale, transport_->size());
+  const std::string coll = std::string(comm_->name()) + "_ALLREDUCE";
+  const FoldedReduction f = FoldAverage(r.op, r.prescale, r.postscale, comm_->size());
   if (entries.size() == 1) {
     Entry& e = entries[0];
     at::Tensor& out = e.sub.output;
@@ -46,7 +46,7 @@ Status HostExecutor::Allreduce(const std::vector<Response>& batch, std::vector<E
     size_t count = static_cast<size_t>(out.numel());
     ScaleBuffer(out.data_ptr(), count, r.dtype, f.pre);
     TraceBatch(timeline_, batch, coll);
-    HVD_RETURN_IF_ERROR(transport_->Allreduce(out.data_ptr(), count, r.dtype, f.op));
+    HVD_RETURN_IF_ERROR(comm_->Allreduce(out.data_ptr(), count, r.dtype, f.op));
     ScaleBuffer(out.data_ptr(), count, r.dtype, f.post);
     e.handle->Complete(Status::Ok(), out);
     return Status::Ok();
@@ -64,7 +64,7 @@ Status HostExecutor::Allreduce(const std::vector<Response>& batch, std::vector<E
   size_t count = total / DataTypeSize(r.dtype);
   ScaleBuffer(buf, count, r.dtype, f.pre);
   TraceBatch(timeline_, batch, coll);
-  HVD_RETURN_IF_ERROR(transport_->Allreduce(buf, count, r.dtype, f.op));
+  HVD_RETURN_IF_ERROR(comm_->Allreduce(buf, count, r.dtype, f.op));
   ScaleBuffer(buf, count, r.dtype, f.post);
   TraceBatch(timeline_, batch, "MEMCPY_OUT_FUSION_BUFFER");
   off = 0;
@@ -82,7 +82,7 @@ Status HostExecutor::Allreduce(const std::vector<Response>& batch, std::vector<E
 Status HostExecutor::Reducescatter(const std::vector<Response>& batch,
                                    std::vector<Entry>& entries) {
   const Response& r = batch[0];
-  const int size = transport_->size(), me = transport_->rank();
+  const int size = comm_->size(), me = comm_->rank();
   const size_t esize = DataTypeSize(r.dtype);
   const ScatterLayout l = PlanReducescatter(batch, size);
   const size_t in_bytes = static_cast<size_t>(l.total) * esize;
@@ -99,8 +99,8 @@ Status HostExecutor::Reducescatter(const std::vector<Response>& batch,
   }
   const FoldedReduction f = FoldAverage(r.op, r.prescale, r.postscale, size);
   ScaleBuffer(buf, static_cast<size_t>(l.total), r.dtype, f.pre);
-  TraceBatch(timeline_, batch, std::string(transport_->name()) + "_REDUCESCATTER");
-  HVD_RETURN_IF_ERROR(transport_->Reducescatter(buf, l.counts, r.dtype, f.op, out));
+  TraceBatch(timeline_, batch, std::string(comm_->name()) + "_REDUCESCATTER");
+  HVD_RETURN_IF_ERROR(comm_->Reducescatter(buf, l.counts, r.dtype, f.op, out));
   ScaleBuffer(out, l.counts[me], r.dtype, f.post);
   for (size_t i = 0; i < entries.size(); ++i) {
     Entry& e = entries[i];
@@ -117,8 +117,8 @@ Status HostExecutor::Reducescatter(const std::vector<Response>& batch,
 }
 
 Status HostExecutor::RunOne(const Response& r, Entry& e) {
-  Communicator* transport = transport_;
-  const int size = transport->size(), me = transport->rank();
+  Communicator* comm = comm_;
+  const int size = comm->size(), me = comm->rank();
   const at::Tensor& in = e.sub.input;
   const size_t esize = DataTypeSize(r.dtype);
   switch (r.type) {
@@ -130,7 +130,7 @@ Status HostExecutor::RunOne(const Response& r, Entry& e) {
     case OpType::kBroadcast: {
       at::Tensor& out = e.sub.output;
       if (me == r.root && !out.is_same(in)) out.copy_(in);
-      HVD_RETURN_IF_ERROR(transport->Broadcast(out.data_ptr(), out.nbytes(), r.root));
+      HVD_RETURN_IF_ERROR(comm->Broadcast(out.data_ptr(), out.nbytes(), r.root));
       e.handle->Complete(Status::Ok(), out);
       return Status::Ok();
     }
@@ -145,7 +145,7 @@ Status HostExecutor::RunOne(const Response& r, Entry& e) {
       std::vector<int64_t> shape = e.sub.request.shape;
       shape[0] = rows;
       at::Tensor out = at::empty(shape, in.options());
-      HVD_RETURN_IF_ERROR(transport->Allgatherv(in.data_ptr(), out.data_ptr(), bytes));
+      HVD_RETURN_IF_ERROR(comm->Allgatherv(in.data_ptr(), out.data_ptr(), bytes));
       e.handle->Complete(Status::Ok(), out);
       return Status::Ok();
     }
@@ -164,7 +164,7 @@ Status HostExecutor::RunOne(const Response& r, Entry& e) {
       std::vector<int64_t> shape = e.sub.request.shape;
       shape[0] = rows;
       at::Tensor out = at::empty(shape, in.options());
-      HVD_RETURN_IF_ERROR(transport->Alltoallv(in.data_ptr(), send, out.data_ptr(), recv));
+      HVD_RETURN_IF_ERROR(comm->Alltoallv(in.data_ptr(), send, out.data_ptr(), recv));
       e.handle->Complete(Status::Ok(), out, splits);
       return Status::Ok();
     }

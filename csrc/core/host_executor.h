@@ -14,10 +14,10 @@ namespace hvd {
 
 class HostExecutor : public Executor {
  public:
-  // `transport`, `fusion_buffer` and `timeline` (null: no spans) are borrowed; one
+  // `comm`, `fusion_buffer` and `timeline` (null: no spans) are borrowed; one
   // fusion buffer serves every process set's executor.
-  HostExecutor(Communicator* transport, std::vector<char>* fusion_buffer, Timeline* timeline)
-      : transport_(transport), fusion_buffer_(fusion_buffer), timeline_(timeline) {}
+  HostExecutor(Communicator* comm, std::vector<char>* fusion_buffer, Timeline* timeline)
+      : comm_(comm), fusion_buffer_(fusion_buffer), timeline_(timeline) {}
 
   Status Execute(const std::vector<Response>& batch, std::vector<Entry>& entries,
                  size_t fusion_bytes) override;
@@ -28,7 +28,7 @@ class HostExecutor : public Executor {
   Status RunOne(const Response& r, Entry& e);
   char* Buffer(size_t bytes);
 
-  Communicator* transport_;
+  Communicator* comm_;
   std::vector<char>* fusion_buffer_;
   Timeline* timeline_;
 };

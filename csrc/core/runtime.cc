@@ -22,8 +22,27 @@
 #include "common/logging.h"
 #include "core/fusion.h"
 #include "core/torch_types.h"
+#include "transport/tcp_transport.h"
 
 namespace hvd {
+namespace {
+
+// The TCP mesh's options from the engine's knobs (common/config.h).
+TcpOptions TcpOptionsOf(const Config& config) {
+  TcpOptions opt;
+  opt.connect_timeout_s = config.start_timeout_s;
+  opt.io_timeout_s = config.tcp_timeout_s;
+  opt.small_allreduce_bytes = static_cast<size_t>(config.small_allreduce_bytes);
+  opt.ring_chunk_bytes = static_cast<size_t>(std::max<int64_t>(4096, config.ring_chunk_bytes));
+  opt.hierarchical_allreduce = static_cast<int>(config.hierarchical_allreduce);
+  opt.hierarchical_allgather = static_cast<int>(config.hierarchical_allgather);
+  opt.shm_control = static_cast<int>(config.shm_control);
+  opt.shm_threads = static_cast<int>(config.shm_threads);
+  opt.settings = config.ProtocolSettings();
+  return opt;
+}
+
+}  // namespace
 namespace {
 
 // This rank's host for the straggler report: the launcher's name for it
@@ -63,15 +82,15 @@ int AffinityCore(const std::string& spec, int local_rank) {
 }  // namespace
 
 Status Runtime::Create(const WorldInfo& world, const Config& config,
-                       std::unique_ptr<Communicator> transport, std::unique_ptr<Runtime>* out) {
+                       std::unique_ptr<Communicator> comm, std::unique_ptr<Runtime>* out) {
   std::unique_ptr<Runtime> rt(new Runtime(world, config));
   // The coordinator's timeline file is opened first: a bad path fails init() on
   // rank 0 before any peer waits for it.
   if (world.rank == 0 && !config.timeline.empty() && config.timeline != "DYNAMIC") {
     HVD_RETURN_IF_ERROR(rt->timeline_.Start(config.timeline, config.timeline_mark_cycles != 0));
   }
-  if (transport) {
-    rt->transport_ = std::move(transport);
+  if (comm) {
+    rt->comm_ = std::move(comm);
   } else {
     if (world.size > 1) {
       if (world.store_host.empty()) {
@@ -81,14 +100,15 @@ Status Runtime::Create(const WorldInfo& world, const Config& config,
       HVD_RETURN_IF_ERROR(StoreClient::Connect(world.store_host, world.store_port, world.secret,
                                                config.start_timeout_s, &rt->store_));
     }
-    HVD_RETURN_IF_ERROR(CreateTcpCommunicator(rt->store_.get(), world.prefix, world.rank,
-                                              world.size, world.secret, config, &rt->transport_));
+    std::unique_ptr<TcpTransport> tcp;
+    HVD_RETURN_IF_ERROR(TcpTransport::Create(rt->store_.get(), world.prefix, world.rank, world.size,
+                                             world.secret, TcpOptionsOf(config), &tcp));
+    rt->comm_ = std::move(tcp);
   }
-  rt->gpu_ =
-      CreateGpuBackend(rt->transport_.get(), world.rank, world.size, config.gpu_op_timeout_s);
+  rt->gpu_ = CreateGpuBackend(rt->comm_.get(), world.rank, world.size, config.gpu_op_timeout_s);
   TunedParams initial{config.fusion_threshold_bytes, config.wake_delay_us,
                       config.cache_capacity > 0};
-  rt->controller_ = rt->NewController(rt->transport_.get(), initial);
+  rt->controller_ = rt->NewController(rt->comm_.get(), initial);
   rt->controller_->SetHost(HostName());
   if (config.straggler_check != 0) {
     StragglerOptions so;
@@ -99,10 +119,10 @@ Status Runtime::Create(const WorldInfo& world, const Config& config,
     rt->controller_->EnableStragglerMonitor(so);
   }
   auto global = std::make_unique<ProcessSetState>();
-  global->transport = rt->transport_.get();
+  global->comm = rt->comm_.get();
   global->controller = rt->controller_.get();
   global->gpu = rt->gpu_.get();
-  global->host = rt->NewHostExecutor(rt->transport_.get());
+  global->host = rt->NewHostExecutor(rt->comm_.get());
   rt->sets_[0] = std::move(global);
   std::vector<int> everyone(world.size);
   std::iota(everyone.begin(), everyone.end(), 0);
@@ -295,7 +315,7 @@ void Runtime::Loop() {
         aborted_ = Status::Aborted(st.message());
       }
       FailAll(Status::Aborted(st.message()));
-      transport_->Abort();  // the whole mesh, which process sets share
+      comm_->Abort();  // the whole mesh, which process sets share
       for (auto& kv : sets_) {
         if (kv.second->gpu) kv.second->gpu->Abort();
       }
@@ -351,8 +371,8 @@ void Runtime::Trace(const std::vector<Response>& batch, const std::string& activ
   TraceBatch(&timeline_, batch, activity);
 }
 
-std::unique_ptr<HostExecutor> Runtime::NewHostExecutor(Communicator* transport) {
-  return std::make_unique<HostExecutor>(transport, &fusion_buffer_,
+std::unique_ptr<HostExecutor> Runtime::NewHostExecutor(Communicator* comm) {
+  return std::make_unique<HostExecutor>(comm, &fusion_buffer_,
                                         world_.rank == 0 ? &timeline_ : nullptr);
 }
 
@@ -413,7 +433,7 @@ Status Runtime::Execute(ProcessSetState& ps, const std::vector<Response>& respon
         const bool not_ours =  // an error for other ranks' op (a failed group's member,
                                // an op beside a join) that this rank did not submit
             !resp.error.empty() && !resp.rank_rows.empty() &&
-            std::find(resp.rank_rows.begin(), resp.rank_rows.end(), ps.transport->rank()) ==
+            std::find(resp.rank_rows.begin(), resp.rank_rows.end(), ps.comm->rank()) ==
                 resp.rank_rows.end();
         if (not_ours || (it == pending_.end() && !resp.error.empty())) {
           entries.push_back(Entry{});

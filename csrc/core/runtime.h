@@ -50,10 +50,10 @@ struct WorldInfo {
 
 class Runtime {
  public:
-  // `transport`: the world's communicator when the caller made it (MPI's, from
+  // `comm`: the world's communicator when the caller made it (MPI's, from
   // MpiSetup, or a test's); null: the TCP mesh, through the store `world` names.
   static Status Create(const WorldInfo& world, const Config& config,
-                       std::unique_ptr<Communicator> transport, std::unique_ptr<Runtime>* out);
+                       std::unique_ptr<Communicator> comm, std::unique_ptr<Runtime>* out);
   // HOROVOD_SPIN_US, or when it is unset (-1), 100 once this process has submitted a
   // CUDA tensor and 0 before: spinning saves the thread wake-ups that dominate a
   // small GPU op's latency (docs/benchmarks.md), and CPU-only processes keep their
@@ -126,13 +126,13 @@ class Runtime {
   // global set (id 0) or a process set this rank belongs to.
   struct ProcessSetState {
     int32_t id = 0;
-    Communicator* transport = nullptr;            // its communicator
-    std::unique_ptr<Communicator> own_transport;  // a subset of the world's (not for id 0)
+    Communicator* comm = nullptr;            // its communicator
+    std::unique_ptr<Communicator> own_comm;  // a subset of the world's (not for id 0)
     Controller* controller = nullptr;
     std::unique_ptr<Controller> own_controller;
     GpuBackend* gpu = nullptr;
     std::unique_ptr<GpuBackend> own_gpu;
-    std::unique_ptr<HostExecutor> host;  // CPU ops over `transport`
+    std::unique_ptr<HostExecutor> host;  // CPU ops over `comm`
   };
   void Loop();
   void HoldWhileGpuBusy() HVD_REQUIRES(mu_);
@@ -140,11 +140,11 @@ class Runtime {
   // A control op (kControl): barrier and join complete here; process-set changes
   // go to ChangeProcessSets.
   Status ApplyControl(ProcessSetState& ps, const std::vector<Response>& batch, Entry& e);
-  // A host executor for `transport`, sharing this runtime's fusion buffer.
-  std::unique_ptr<HostExecutor> NewHostExecutor(Communicator* transport);
+  // A host executor for `comm`, sharing this runtime's fusion buffer.
+  std::unique_ptr<HostExecutor> NewHostExecutor(Communicator* comm);
   // Adding or removing a process set, run identically by every rank.
   Status ChangeProcessSets(const ControlOp& c, Entry& e);
-  std::unique_ptr<Controller> NewController(Communicator* transport, const TunedParams& params);
+  std::unique_ptr<Controller> NewController(Communicator* comm, const TunedParams& params);
   void FailAll(const Status& status);
   Status CheckLocal(const Submission& s, const std::vector<int>* set_ranks) const;
   Status CheckControl(const Submission& s) const;
@@ -164,7 +164,7 @@ class Runtime {
   WorldInfo world_;
   Config config_;
   std::unique_ptr<StoreClient> store_;
-  std::unique_ptr<Communicator> transport_;  // the TCP mesh or MPI
+  std::unique_ptr<Communicator> comm_;  // the TCP mesh or MPI
   std::unique_ptr<Controller> controller_;
   std::unique_ptr<GpuBackend> gpu_;  // after transport_: destroyed before it
   std::vector<char> fusion_buffer_;  // background thread only: the host executors'

@@ -19,12 +19,11 @@ StallOptions StallOptionsOf(const Config& config) {
 
 }  // namespace
 
-// A controller for `transport`, configured as every process set's: cache, stall
+// A controller for `comm`, configured as every process set's: cache, stall
 // options, steady exchange, the current tuned parameters, the coordinator's timeline.
-std::unique_ptr<Controller> Runtime::NewController(Communicator* transport,
-                                                   const TunedParams& params) {
+std::unique_ptr<Controller> Runtime::NewController(Communicator* comm, const TunedParams& params) {
   auto c = std::make_unique<Controller>(
-      transport, static_cast<size_t>(std::max<int64_t>(0, config_.cache_capacity)),
+      comm, static_cast<size_t>(std::max<int64_t>(0, config_.cache_capacity)),
       StallOptionsOf(config_));
   c->SetSteadyExchange(config_.steady_exchange != 0);
   c->SetInitialParams(params);
@@ -39,7 +38,7 @@ Status Runtime::ApplyControl(ProcessSetState& ps, const std::vector<Response>& b
     case ControlKind::kRemoveProcessSet:
       return ChangeProcessSets(c, e);
     case ControlKind::kJoin: {
-      Trace(batch, std::string(ps.transport->name()) + "_" + OpName(batch[0]));
+      Trace(batch, std::string(ps.comm->name()) + "_" + OpName(batch[0]));
       {
         MutexLock lock(mu_);
         joined_ = false;
@@ -48,7 +47,7 @@ Status Runtime::ApplyControl(ProcessSetState& ps, const std::vector<Response>& b
       return Status::Ok();
     }
     case ControlKind::kBarrier:
-      Trace(batch, std::string(ps.transport->name()) + "_" + OpName(batch[0]));
+      Trace(batch, std::string(ps.comm->name()) + "_" + OpName(batch[0]));
       e.handle->Complete(Status::Ok());  // negotiated means every rank is here
       return Status::Ok();
     case ControlKind::kNone:
@@ -100,18 +99,18 @@ Status Runtime::ChangeProcessSets(const ControlOp& c, Entry& e) {
   }
   const int32_t id = next_set_id_++;
   std::unique_ptr<Communicator> view;
-  HVD_RETURN_IF_ERROR(transport_->Subset(ranks, &view));  // collective for MPI
+  HVD_RETURN_IF_ERROR(comm_->Subset(ranks, &view));  // collective for MPI
   if (view) {
     auto ps = std::make_unique<ProcessSetState>();
     ps->id = id;
-    ps->own_transport = std::move(view);
-    ps->transport = ps->own_transport.get();
-    ps->own_controller = NewController(ps->transport, controller_->params());
+    ps->own_comm = std::move(view);
+    ps->comm = ps->own_comm.get();
+    ps->own_controller = NewController(ps->comm, controller_->params());
     ps->controller = ps->own_controller.get();
-    ps->own_gpu = CreateGpuBackend(ps->transport, ps->transport->rank(), ps->transport->size(),
-                                   config_.gpu_op_timeout_s);
+    ps->own_gpu =
+        CreateGpuBackend(ps->comm, ps->comm->rank(), ps->comm->size(), config_.gpu_op_timeout_s);
     ps->gpu = ps->own_gpu.get();
-    ps->host = NewHostExecutor(ps->transport);
+    ps->host = NewHostExecutor(ps->comm);
     sets_[id] = std::move(ps);
   }
   {

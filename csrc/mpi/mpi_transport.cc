@@ -1,4 +1,4 @@
-// The MPI communicator (built when mpicxx is found; replaces transport/no_mpi.cc).
+// The MPI communicator (built when mpicxx is found; replaces mpi/no_mpi.cc).
 //
 // Every dtype travels as a contiguous byte type of its element size, and every
 // reduction is a user-defined MPI op that calls ReduceInto: fp16, bf16 and bool get
@@ -20,6 +20,7 @@
 #include <mutex>
 
 #include "common/types.h"
+#include "mpi/mpi_setup.h"
 #include "transport/transport.h"
 
 namespace hvd {

@@ -17,6 +17,7 @@
 #include "common/thread_annotations.h"
 #include "core/gpu_backend.h"
 #include "core/runtime.h"
+#include "mpi/mpi_setup.h"
 #include "python/c10d_backend.h"
 #include "python/module_state.h"
 

@@ -467,23 +467,4 @@ Status TcpTransport::Run(std::vector<Xfer>& xs) {
   return Status::Ok();
 }
 
-Status CreateTcpCommunicator(StoreClient* store, const std::string& prefix, int rank, int size,
-                             const std::string& secret, const Config& config,
-                             std::unique_ptr<Communicator>* out) {
-  TcpOptions opt;
-  opt.connect_timeout_s = config.start_timeout_s;
-  opt.io_timeout_s = config.tcp_timeout_s;
-  opt.small_allreduce_bytes = static_cast<size_t>(config.small_allreduce_bytes);
-  opt.ring_chunk_bytes = static_cast<size_t>(std::max<int64_t>(4096, config.ring_chunk_bytes));
-  opt.hierarchical_allreduce = static_cast<int>(config.hierarchical_allreduce);
-  opt.hierarchical_allgather = static_cast<int>(config.hierarchical_allgather);
-  opt.shm_control = static_cast<int>(config.shm_control);
-  opt.shm_threads = static_cast<int>(config.shm_threads);
-  opt.settings = config.ProtocolSettings();
-  std::unique_ptr<TcpTransport> tcp;
-  HVD_RETURN_IF_ERROR(TcpTransport::Create(store, prefix, rank, size, secret, opt, &tcp));
-  *out = std::move(tcp);
-  return Status::Ok();
-}
-
 }  // namespace hvd

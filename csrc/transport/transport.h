@@ -98,33 +98,4 @@ class Communicator : public ControlPlane, public Collectives {
   virtual const char* name() const = 0;
 };
 
-// The registry of the job's communicators: the Runtime makes its world's
-// communicator through one of these and knows no transport class.
-
-struct Config;
-class StoreClient;
-
-// The TCP mesh (tcp_transport.cc), with shared memory among a host's ranks, its
-// knobs taken from `config`: publishes this rank's address under `prefix` in
-// `store` (borrowed; it must outlive the communicator; null for a world of one) and
-// waits until every rank has.
-Status CreateTcpCommunicator(StoreClient* store, const std::string& prefix, int rank, int size,
-                             const std::string& secret, const Config& config,
-                             std::unique_ptr<Communicator>* out);
-
-// MPI: builds with MPI (csrc/mpi) implement these; others (transport/no_mpi.cc)
-// report that MPI is not built.
-struct MpiWorld {
-  int rank = 0, size = 1, local_rank = 0, local_size = 1, cross_rank = 0, cross_size = 1;
-  bool threads_supported = false;
-};
-bool MpiBuilt();
-// Initialises MPI if nobody has (MPI_THREAD_MULTIPLE, or MPI_THREAD_SERIALIZED with
-// `serialized`: HOROVOD_MPI_THREADS_DISABLE) and makes the job's communicator: over
-// a duplicate of `fortran_handle`'s communicator (0: MPI_COMM_WORLD), or, if `ranks`
-// is non-empty, the sub-communicator of those MPI_COMM_WORLD ranks. Collective over
-// that communicator's (or MPI_COMM_WORLD's) processes.
-Status MpiSetup(const std::vector<int>& ranks, int64_t fortran_handle, bool serialized,
-                MpiWorld* world, std::unique_ptr<Communicator>* out);
-
 }  // namespace hvd

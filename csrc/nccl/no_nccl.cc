@@ -1,4 +1,5 @@
-// Registry for builds without CUDA/NCCL: there is no GPU data plane.
+// Registry for builds without CUDA/NCCL (built instead of the rest of csrc/nccl):
+// there is no GPU data plane.
 #include "core/gpu_backend.h"
 
 namespace hvd {

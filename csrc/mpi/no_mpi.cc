@@ -1,5 +1,5 @@
 // Builds without MPI: the MPI controller is not available.
-#include "transport/transport.h"
+#include "mpi/mpi_setup.h"
 
 namespace hvd {
 
