@@ -1,6 +1,8 @@
 // The coordinator's matching: the ranks' requests for one name checked against each
 // other and made into one response (or one error naming the disagreement), and the
 // failures that end pending names (joined ranks, failed groups).
+#include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "common/check.h"

@@ -10,6 +10,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -41,9 +42,6 @@ TcpOptions TcpOptionsOf(const Config& config) {
   opt.settings = config.ProtocolSettings();
   return opt;
 }
-
-}  // namespace
-namespace {
 
 // This rank's host for the straggler report: the launcher's name for it
 // (HOROVOD_HOSTNAME, as in -H), else the host name.

@@ -166,7 +166,7 @@ class Runtime {
   std::unique_ptr<StoreClient> store_;
   std::unique_ptr<Communicator> comm_;  // the TCP mesh or MPI
   std::unique_ptr<Controller> controller_;
-  std::unique_ptr<GpuBackend> gpu_;  // after transport_: destroyed before it
+  std::unique_ptr<GpuBackend> gpu_;  // after comm_: destroyed before it
   std::vector<char> fusion_buffer_;  // background thread only: the host executors'
   Timeline timeline_;                // background thread only (coordinator)
   // Background thread only: the global set and the process sets this rank is in,

@@ -12,6 +12,12 @@ namespace hvd {
 
 Status Runtime::CheckControl(const Submission& s) const {
   const ControlOp& c = s.request.control;
+  if (c.kind == ControlKind::kNone ||
+      static_cast<int>(c.kind) > static_cast<int>(ControlKind::kRemoveProcessSet)) {
+    return Status::InvalidArgument("internal: control kind " +
+                                   std::to_string(static_cast<int>(c.kind)) + " of '" +
+                                   s.request.name + "' is not a control op");
+  }
   const char* op = ControlKindName(c.kind);
   if (c.kind != ControlKind::kBarrier && s.process_set_id != 0) {
     return Status::InvalidArgument(std::string(op) + " runs on the global process set only");
@@ -46,6 +52,10 @@ Status Runtime::CheckControl(const Submission& s) const {
 
 Status Runtime::CheckLocal(const Submission& s, const std::vector<int>* set_ranks) const {
   const Request& r = s.request;
+  if (static_cast<int>(r.type) > static_cast<int>(OpType::kControl)) {
+    return Status::InvalidArgument("internal: op type " + std::to_string(static_cast<int>(r.type)) +
+                                   " of '" + r.name + "' is not an op");
+  }
   const char* op = OpName(r);
   if (set_ranks == nullptr) {
     return Status::InvalidArgument(std::string(op) + " of '" + r.name + "': process set " +

@@ -26,7 +26,7 @@
 namespace hvd {
 namespace {
 
-constexpr int kNumTypes = 10;
+constexpr int kNumTypes = kNumDataTypes;  // one MPI type per row of HVD_DATA_TYPES
 MPI_Datatype g_types[kNumTypes];
 MPI_Op g_ops[4];  // Sum, Min, Max, Product
 std::once_flag g_types_once;

@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <functional>
+#include <stdexcept>
 #include <string>
 
 #include "core/gpu_backend.h"

@@ -378,6 +378,19 @@ TEST(RuntimeTest, LocalChecksRefuseBeforeQueuing) {
       remove_global.request.control.process_set = 0;
       st = rt.Submit({remove_global}, &h);
       EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+
+      // Out-of-range op types and control kinds (a bad call of the bindings) are refused
+      // here: on the wire the coordinator's decoder would stop the job.
+      Submission bad_kind = Control(static_cast<ControlKind>(9), "bad_kind");
+      st = rt.Submit({bad_kind}, &h);
+      EXPECT_TRUE(Contains(st.message(), "is not a control op")) << st.message();
+      Submission no_kind = Control(ControlKind::kNone, "no_kind");
+      st = rt.Submit({no_kind}, &h);
+      EXPECT_TRUE(Contains(st.message(), "is not a control op")) << st.message();
+      Submission bad_type = Allreduce("bad_type", at::ones({2}));
+      bad_type.request.type = static_cast<OpType>(7);
+      st = rt.Submit({bad_type}, &h);
+      EXPECT_TRUE(Contains(st.message(), "is not an op")) << st.message();
     }
     // A name stays taken while its handle is held, also after the op completed.
     at::Tensor t = at::ones({2});
