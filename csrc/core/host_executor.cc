@@ -31,13 +31,19 @@ Status HostExecutor::Execute(const std::vector<Response>& batch, std::vector<Ent
   const Response& r = batch[0];
   if (r.type == OpType::kAllreduce) return Allreduce(batch, entries);
   if (r.type == OpType::kReducescatter) return Reducescatter(batch, entries);
-  TraceBatch(timeline_, batch, std::string(comm_->name()) + "_" + OpTypeName(r.type));
-  return RunOne(r, entries[0]);
+  return RunOne(batch, entries[0]);
+}
+
+// The collective's span, named by the path the communicator takes for `bytes`
+// (Communicator::PathName): e.g. SHM_ALLREDUCE, TCP_ALLGATHER, MPI_BROADCAST.
+void HostExecutor::TraceCollective(const std::vector<Response>& batch, size_t bytes) {
+  if (timeline_ == nullptr || !timeline_->active()) return;
+  const OpType op = batch[0].type;
+  TraceBatch(timeline_, batch, std::string(comm_->PathName(op, bytes)) + "_" + OpTypeName(op));
 }
 
 Status HostExecutor::Allreduce(const std::vector<Response>& batch, std::vector<Entry>& entries) {
   const Response& r = batch[0];
-  const std::string coll = std::string(comm_->name()) + "_ALLREDUCE";
   const FoldedReduction f = FoldAverage(r.op, r.prescale, r.postscale, comm_->size());
   if (entries.size() == 1) {
     Entry& e = entries[0];
@@ -45,7 +51,7 @@ Status HostExecutor::Allreduce(const std::vector<Response>& batch, std::vector<E
     if (!out.is_same(e.sub.input)) out.copy_(e.sub.input);
     size_t count = static_cast<size_t>(out.numel());
     ScaleBuffer(out.data_ptr(), count, r.dtype, f.pre);
-    TraceBatch(timeline_, batch, coll);
+    TraceCollective(batch, out.nbytes());
     HVD_RETURN_IF_ERROR(comm_->Allreduce(out.data_ptr(), count, r.dtype, f.op));
     ScaleBuffer(out.data_ptr(), count, r.dtype, f.post);
     e.handle->Complete(Status::Ok(), out);
@@ -63,7 +69,7 @@ Status HostExecutor::Allreduce(const std::vector<Response>& batch, std::vector<E
   }
   size_t count = total / DataTypeSize(r.dtype);
   ScaleBuffer(buf, count, r.dtype, f.pre);
-  TraceBatch(timeline_, batch, coll);
+  TraceCollective(batch, total);
   HVD_RETURN_IF_ERROR(comm_->Allreduce(buf, count, r.dtype, f.op));
   ScaleBuffer(buf, count, r.dtype, f.post);
   TraceBatch(timeline_, batch, "MEMCPY_OUT_FUSION_BUFFER");
@@ -99,7 +105,7 @@ Status HostExecutor::Reducescatter(const std::vector<Response>& batch,
   }
   const FoldedReduction f = FoldAverage(r.op, r.prescale, r.postscale, size);
   ScaleBuffer(buf, static_cast<size_t>(l.total), r.dtype, f.pre);
-  TraceBatch(timeline_, batch, std::string(comm_->name()) + "_REDUCESCATTER");
+  TraceCollective(batch, in_bytes);
   HVD_RETURN_IF_ERROR(comm_->Reducescatter(buf, l.counts, r.dtype, f.op, out));
   ScaleBuffer(out, l.counts[me], r.dtype, f.post);
   for (size_t i = 0; i < entries.size(); ++i) {
@@ -116,7 +122,8 @@ Status HostExecutor::Reducescatter(const std::vector<Response>& batch,
   return Status::Ok();
 }
 
-Status HostExecutor::RunOne(const Response& r, Entry& e) {
+Status HostExecutor::RunOne(const std::vector<Response>& batch, Entry& e) {
+  const Response& r = batch[0];
   Communicator* comm = comm_;
   const int size = comm->size(), me = comm->rank();
   const at::Tensor& in = e.sub.input;
@@ -129,6 +136,7 @@ Status HostExecutor::RunOne(const Response& r, Entry& e) {
                              " sent to the host executor's RunOne");
     case OpType::kBroadcast: {
       at::Tensor& out = e.sub.output;
+      TraceCollective(batch, out.nbytes());
       if (me == r.root && !out.is_same(in)) out.copy_(in);
       HVD_RETURN_IF_ERROR(comm->Broadcast(out.data_ptr(), out.nbytes(), r.root));
       e.handle->Complete(Status::Ok(), out);
@@ -145,6 +153,7 @@ Status HostExecutor::RunOne(const Response& r, Entry& e) {
       std::vector<int64_t> shape = e.sub.request.shape;
       shape[0] = rows;
       at::Tensor out = at::empty(shape, in.options());
+      TraceCollective(batch, out.nbytes());
       HVD_RETURN_IF_ERROR(comm->Allgatherv(in.data_ptr(), out.data_ptr(), bytes));
       e.handle->Complete(Status::Ok(), out);
       return Status::Ok();
@@ -164,6 +173,7 @@ Status HostExecutor::RunOne(const Response& r, Entry& e) {
       std::vector<int64_t> shape = e.sub.request.shape;
       shape[0] = rows;
       at::Tensor out = at::empty(shape, in.options());
+      TraceCollective(batch, out.nbytes());
       HVD_RETURN_IF_ERROR(comm->Alltoallv(in.data_ptr(), send, out.data_ptr(), recv));
       e.handle->Complete(Status::Ok(), out, splits);
       return Status::Ok();

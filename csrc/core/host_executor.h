@@ -25,7 +25,9 @@ class HostExecutor : public Executor {
  private:
   Status Allreduce(const std::vector<Response>& batch, std::vector<Entry>& entries);
   Status Reducescatter(const std::vector<Response>& batch, std::vector<Entry>& entries);
-  Status RunOne(const Response& r, Entry& e);
+  // Broadcast, allgather or alltoall: batch holds the one op.
+  Status RunOne(const std::vector<Response>& batch, Entry& e);
+  void TraceCollective(const std::vector<Response>& batch, size_t bytes);
   char* Buffer(size_t bytes);
 
   Communicator* comm_;

@@ -38,7 +38,7 @@ Status Runtime::ApplyControl(ProcessSetState& ps, const std::vector<Response>& b
     case ControlKind::kRemoveProcessSet:
       return ChangeProcessSets(c, e);
     case ControlKind::kJoin: {
-      Trace(batch, std::string(ps.comm->name()) + "_" + OpName(batch[0]));
+      Trace(batch, std::string(ps.comm->PathName(OpType::kControl, 0)) + "_" + OpName(batch[0]));
       {
         MutexLock lock(mu_);
         joined_ = false;
@@ -47,7 +47,7 @@ Status Runtime::ApplyControl(ProcessSetState& ps, const std::vector<Response>& b
       return Status::Ok();
     }
     case ControlKind::kBarrier:
-      Trace(batch, std::string(ps.comm->name()) + "_" + OpName(batch[0]));
+      Trace(batch, std::string(ps.comm->PathName(OpType::kControl, 0)) + "_" + OpName(batch[0]));
       e.handle->Complete(Status::Ok());  // negotiated means every rank is here
       return Status::Ok();
     case ControlKind::kNone:

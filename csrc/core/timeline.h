@@ -3,8 +3,10 @@
 //   NEGOTIATE_<OP>     first rank's request .. response (instant "rank N" marks
 //                      when each rank became ready)
 //   <OP>               response .. done, with nested activities QUEUE,
-//                      MEMCPY_IN_FUSION_BUFFER, the transport's collective
-//                      (e.g. TCP_ALLREDUCE, NCCL_ALLREDUCE) and MEMCPY_OUT_FUSION_BUFFER
+//                      MEMCPY_IN_FUSION_BUFFER, the collective named by the path
+//                      it took (Communicator::PathName: e.g. SHM_ALLREDUCE,
+//                      SHM_TCP_ALLREDUCE, TCP_ALLREDUCE, NCCL_ALLREDUCE) and
+//                      MEMCPY_OUT_FUSION_BUFFER
 // a counter track per rank, STRAGGLER_LAG_MS_RANK_<r>, with its lateness in each
 // cycle that completed ops (core/straggler.h), and, with mark_cycles, a global instant
 // "CYCLE_START" per cycle that ran work.

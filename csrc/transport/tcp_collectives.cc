@@ -206,10 +206,9 @@ Status TcpTransport::Allgatherv(const void* send, void* recv, const std::vector<
   char* out = static_cast<char*>(recv);
   if (bytes[rank_] > 0) std::memmove(out + off[rank_], send, bytes[rank_]);
   if (size_ == 1) return Status::Ok();
-  if (UseShm(options_.hierarchical_allgather, off.back() + bytes.back(), false)) {
-    if (one_host_) return local_->Allgather(out, bytes);
-    return HierarchicalAllgather(out, off, bytes);
-  }
+  const Path path = PathOf(OpType::kAllgather, off.back() + bytes.back());
+  if (path == Path::kShm) return local_->Allgather(out, bytes);
+  if (path == Path::kHier) return HierarchicalAllgather(out, off, bytes);
   return BruckAllgather(out, off, bytes, /*root=*/0);
 }
 
@@ -248,8 +247,7 @@ Status TcpTransport::TreeScatter(char* buf, const std::vector<size_t>& offsets,
 Status TcpTransport::Broadcast(void* buf, size_t bytes, int root) {
   if (size_ == 1 || bytes == 0) return Status::Ok();
   char* p = static_cast<char*>(buf);
-  if (UseShm(options_.hierarchical_allreduce, bytes, true))
-    return local_->Broadcast(p, bytes, root);
+  if (PathOf(OpType::kBroadcast, bytes) == Path::kShm) return local_->Broadcast(p, bytes, root);
   if (bytes <= options_.small_allreduce_bytes || size_ == 2) return TreeBroadcast(p, bytes, root);
   // Large buffers: scatter one block per rank down the tree, then allgather them,
   // so the root sends the data about once instead of log2(n) times.
@@ -282,9 +280,9 @@ Status TcpTransport::Allreduce(void* buf, size_t count, DataType dtype, ReduceOp
   if (size_ == 1 || count == 0) return Status::Ok();
   size_t esize = DataTypeSize(dtype);
   char* p = static_cast<char*>(buf);
-  if (UseShm(options_.hierarchical_allreduce, count * esize, false)) {
-    return HierarchicalAllreduce(p, count, dtype, op);
-  }
+  const Path path = PathOf(OpType::kAllreduce, count * esize);
+  if (path == Path::kShm) return local_->Allreduce(p, count, dtype, op);
+  if (path == Path::kHier) return HierarchicalAllreduce(p, count, dtype, op);
   if (count * esize <= options_.small_allreduce_bytes || count < static_cast<size_t>(size_)) {
     if (size_ <= kDirectReduceMaxRanks) return DirectReduce(buf, {count}, dtype, op, buf, true);
     return RecursiveDoubling(p, count * esize, [&](char* dst, const char* src) {
@@ -424,7 +422,7 @@ Status TcpTransport::Reducescatter(void* buf, const std::vector<size_t>& counts,
   for (size_t c : counts) total += c;
   std::vector<size_t> offsets = Offsets(counts);
   char* p = static_cast<char*>(buf);
-  if (UseShm(options_.hierarchical_allreduce, total * esize, true)) {
+  if (PathOf(OpType::kReducescatter, total * esize) == Path::kShm) {
     HVD_RETURN_IF_ERROR(local_->ReduceScatter(p, counts, dtype, op));
   } else if (size_ > 1 && total * esize <= options_.small_allreduce_bytes) {
     if (size_ <= kDirectReduceMaxRanks) return DirectReduce(buf, counts, dtype, op, out, false);

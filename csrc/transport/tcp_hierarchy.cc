@@ -1,5 +1,6 @@
 // The TCP transport's hierarchy: which ranks share a host, their shared-memory
-// group, and the allreduce that combines it with TCP across hosts.
+// group, which path each collective takes, and the allreduce and allgather that
+// combine the group with TCP across hosts.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -82,18 +83,36 @@ Status TcpTransport::SetUpHierarchy(const std::string& secret, const std::string
   return Status::Ok();
 }
 
-// Whether a collective of `bytes` goes through shared memory, given its knob.
-bool TcpTransport::UseShm(int knob, size_t bytes, bool need_one_host) const {
-  if (!local_ || knob == 0) return false;
-  if (need_one_host ? !one_host_ : !(one_host_ || cross_)) return false;
-  return knob == 1 || bytes > options_.small_allreduce_bytes;
+// Allreduce and allgather (their knobs) use the segment on one host and across
+// hosts of equal size; broadcast and reducescatter (the allreduce knob) on one host
+// only; alltoall never; the control plane per ShmControl(). The auto knob (-1)
+// keeps buffers up to small_allreduce_bytes on TCP.
+TcpTransport::Path TcpTransport::PathOf(OpType op, size_t bytes) const {
+  if (op == OpType::kControl) return ShmControl() ? Path::kShm : Path::kTcp;
+  const bool gather = op == OpType::kAllgather;
+  const int knob = gather ? options_.hierarchical_allgather : options_.hierarchical_allreduce;
+  const bool across = cross_ && (gather || op == OpType::kAllreduce);
+  if (!local_ || knob == 0 || op == OpType::kAlltoall || !(one_host_ || across)) return Path::kTcp;
+  if (knob != 1 && bytes <= options_.small_allreduce_bytes) return Path::kTcp;
+  return one_host_ ? Path::kShm : Path::kHier;
 }
 
-// One host: the segment alone. Several: reduce-scatter within the host, allreduce
-// of this rank's share with the same share on every other host, allgather within
-// the host. Every step is deterministic, so all ranks get identical bits.
+const char* TcpTransport::PathName(OpType op, size_t bytes) const {
+  switch (PathOf(op, bytes)) {
+    case Path::kShm:
+      return "SHM";
+    case Path::kHier:
+      return "SHM_TCP";
+    case Path::kTcp:
+      break;
+  }
+  return "TCP";
+}
+
+// Several hosts: reduce-scatter within the host, allreduce of this rank's share
+// with the same share on every other host, allgather within the host. Every step
+// is deterministic, so all ranks get identical bits.
 Status TcpTransport::HierarchicalAllreduce(char* buf, size_t count, DataType dtype, ReduceOp op) {
-  if (one_host_) return local_->Allreduce(buf, count, dtype, op);
   const int n = local_->size(), me = local_->rank();
   const size_t esize = DataTypeSize(dtype);
   std::vector<size_t> counts(n, count / n), bytes(n);

@@ -103,6 +103,7 @@ class TcpTransport : public Communicator {
     return Status::Ok();
   }
   const char* name() const override { return "TCP"; }
+  const char* PathName(OpType op, size_t bytes) const override;
   // The rank of the mesh this communicator was cut from.
   int global_rank(int r) const { return global_[r]; }
   // Sockets this process holds open to peers (for tests and the scale benchmark).
@@ -152,7 +153,11 @@ class TcpTransport : public Communicator {
 
   // Hierarchy: which ranks share a host, the shared-memory group and the cross view.
   Status SetUpHierarchy(const std::string& secret, const std::string& prefix);
-  bool UseShm(int knob, size_t bytes, bool need_one_host) const;
+  // How a collective runs: over TCP only, entirely in the shared segment (one host),
+  // or hierarchically (the segment within each host, TCP across hosts). The one
+  // predicate both the collectives and PathName (the timeline) go by.
+  enum class Path { kTcp, kShm, kHier };
+  Path PathOf(OpType op, size_t bytes) const;
   bool ShmControl() const { return local_ && one_host_ && options_.shm_control != 0; }
   void TendListener();
   Status HierarchicalAllreduce(char* buf, size_t count, DataType dtype, ReduceOp op);

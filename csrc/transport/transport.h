@@ -19,6 +19,7 @@
 
 #include "common/status.h"
 #include "common/types.h"
+#include "wire/message.h"
 
 namespace hvd {
 
@@ -94,8 +95,13 @@ class Communicator : public ControlPlane, public Collectives {
   // this rank is not a member. Every rank of this communicator calls it at the same
   // point of its op sequence (MPI creates sub-communicators collectively).
   virtual Status Subset(const std::vector<int>& members, std::unique_ptr<Communicator>* out) = 0;
-  // "TCP" or "MPI": names the collectives in the timeline.
+  // "TCP" or "MPI": the transport.
   virtual const char* name() const = 0;
+  // The path a collective of `op` over `bytes` (a control op: bytes 0) takes, which
+  // names it in the timeline ("<path>_<OP>", e.g. SHM_ALLREDUCE): "SHM" when it runs
+  // entirely in a host's shared memory, "SHM_TCP" when hierarchical (shared memory
+  // within each host, TCP across hosts), else the transport's name ("TCP", "MPI").
+  virtual const char* PathName(OpType op, size_t bytes) const { return name(); }
 };
 
 }  // namespace hvd

@@ -176,6 +176,62 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"SingletonHostsAlways", {0, 1, 2}, 1}),
     [](const ::testing::TestParamInfo<Layout>& i) { return std::string(i.param.name); });
 
+// The path each collective takes, as the timeline names it (PathName): "SHM" on
+// one host above the auto threshold or with the knob at 1, "SHM_TCP" for the
+// hierarchical allreduce and allgather across hosts, "TCP" below the threshold,
+// with the knobs at 0, for alltoall, and for broadcast and reducescatter across
+// hosts. The collectives branch on the same predicate (PathOf).
+TEST(TcpHierarchyPath, PathNameIsThePathTaken) {
+  Watchdog wd(60, "PathNameIsThePathTaken");
+  struct Case {
+    std::vector<int> host;
+    int knob;
+    std::vector<const char*> want;  // allreduce, allgather, broadcast, reducescatter,
+                                    // alltoall (1 MiB each), allreduce of 1 KiB, control
+  };
+  const std::vector<Case> cases = {
+      {{0, 0, 0}, -1, {"SHM", "SHM", "SHM", "SHM", "TCP", "TCP", "SHM"}},
+      {{0, 0}, 1, {"SHM", "SHM", "SHM", "SHM", "TCP", "SHM", "SHM"}},
+      {{0, 0, 0}, 0, {"TCP", "TCP", "TCP", "TCP", "TCP", "TCP", "TCP"}},
+      {{0, 1, 0, 1}, -1, {"SHM_TCP", "SHM_TCP", "TCP", "TCP", "TCP", "TCP", "TCP"}},
+      {{0, 0, 1}, 1, {"TCP", "TCP", "TCP", "TCP", "TCP", "TCP", "TCP"}},  // uneven hosts
+  };
+  const size_t big = size_t{1} << 20, small = 1024;
+  for (size_t c = 0; c < cases.size(); ++c) {
+    const Case& k = cases[c];
+    const int n = static_cast<int>(k.host.size());
+    World w;
+    HVD_ASSERT_OK(MakeWorld(
+        n,
+        [&](int r) {
+          TcpOptions o = hvd_test::FastOptions();
+          o.hierarchical_allreduce = o.hierarchical_allgather = k.knob;
+          o.host_key = "host" + std::to_string(k.host[r]);
+          return o;
+        },
+        &w, "path" + std::to_string(c)));
+    for (int r = 0; r < n; ++r) {
+      const TcpTransport& t = *w.transports[r];
+      const std::vector<std::string> got = {
+          t.PathName(OpType::kAllreduce, big), t.PathName(OpType::kAllgather, big),
+          t.PathName(OpType::kBroadcast, big), t.PathName(OpType::kReducescatter, big),
+          t.PathName(OpType::kAlltoall, big),  t.PathName(OpType::kAllreduce, small),
+          t.PathName(OpType::kControl, 0)};
+      EXPECT_EQ(got, std::vector<std::string>(k.want.begin(), k.want.end()))
+          << "case " << c << ", rank " << r;
+    }
+    // The allreduce of 1 MiB, on the path named above, gives the sum.
+    std::vector<std::string> errors(n);
+    RunRanks(n, [&](int r) {
+      std::vector<float> x(big / 4, static_cast<float>(r + 1));
+      Status st =
+          w.transports[r]->Allreduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum);
+      if (!st.ok() || x.back() != n * (n + 1) / 2.0f) errors[r] = "allreduce " + st.message();
+    });
+    for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "case " << c << ", rank " << r;
+  }
+}
+
 // On one host the control plane goes through the segment, which compares the
 // ranks' calls: a rank making another control call than its peers (over TCP the
 // bytes would just be misread) fails every rank with kMismatch, and the next
