@@ -17,9 +17,9 @@ CORE_DIRS = ["common", "wire", "rendezvous", "transport", "core", "python"]
 
 
 def _load_build_vars():
-    """horovod_torch/build_vars.py, loaded by path (the package is not installed yet)."""
+    """horovod_torch/common/build_vars.py, loaded by path (the package is not installed yet)."""
     spec = importlib.util.spec_from_file_location(
-        "_hvd_build_vars", os.path.join(ROOT, "horovod_torch", "build_vars.py"))
+        "_hvd_build_vars", os.path.join(ROOT, "horovod_torch", "common", "build_vars.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -179,7 +179,7 @@ def _cxx_std():
 def _record_torch_version():
     """Writes horovod_torch/_build_info.py: the torch the extension is compiled against.
 
-    The extension only loads into that torch; horovod_torch/_ext.py compares it with
+    The extension only loads into that torch; horovod_torch/engine/extension.py compares it with
     the torch being imported and names both when they differ.
     """
     import torch

@@ -6,10 +6,18 @@ to this package.
 The API (horovod_torch/_api.py) loads torch and the C++ extension, so it is loaded on
 the first use of one of its names, not by ``import horovod_torch``: the launcher
 (``horovodrun``, horovod_torch.runner) is a subpackage and starts without either.
+
+The modules sit in folders named after their layer (docs/design.md §1); the paths they
+had before (``horovod_torch.ops``, ``horovod_torch.elastic``) and Horovod's
+(``horovod.torch.mpi_ops``) name the same modules (horovod_torch/_aliases.py).
 """
 import importlib
 import importlib.util
 import sys
+
+from horovod_torch import _aliases
+
+_aliases.install()
 
 __version__ = "0.1.0"
 
@@ -29,7 +37,7 @@ def __getattr__(name):
     if name.startswith("__"):
         raise AttributeError(name)
     if name == "_C":  # the extension, after the torch version check (_ext.py)
-        return importlib.import_module(f"{__name__}._ext")._C
+        return importlib.import_module(f"{__name__}.engine.extension")._C
     # A submodule (``from horovod_torch import config``, ``hvd.elastic``) is imported
     # on its own, without the rest of the API.
     submodule = f"{__name__}.{name}"

@@ -1,4 +1,4 @@
-"""Horovod's build variables (horovod_torch/build_vars.py, read by setup.py) and what
+"""Horovod's build variables (horovod_torch/common/build_vars.py, read by setup.py) and what
 `horovodrun --check-build` says about a part the build left out."""
 import os
 import subprocess
@@ -74,3 +74,4 @@ def test_the_package_requires_the_torch_it_was_built_against(tmp_path):
                    check=True)
     requires = next(tmp_path.glob("*.egg-info")).joinpath("requires.txt").read_text()
     assert requires.splitlines()[0] == "torch==" + torch.__version__.split("+")[0], requires
+

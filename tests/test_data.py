@@ -1,4 +1,4 @@
-"""Tests for horovod_torch/data.py (sklearn digits written as MNIST files)."""
+"""Tests for horovod_torch/common/data.py (sklearn digits written as MNIST files)."""
 
 import hashlib
 import importlib.util
@@ -14,7 +14,7 @@ torchvision = pytest.importorskip("torchvision")
 pytest.importorskip("sklearn")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DATA_PY = os.path.join(REPO, "horovod_torch", "data.py")
+DATA_PY = os.path.join(REPO, "horovod_torch", "common", "data.py")
 # Load by path: the package __init__ needs the compiled extension.
 _spec = importlib.util.spec_from_file_location("_horovod_torch_data", DATA_PY)
 data = importlib.util.module_from_spec(_spec)

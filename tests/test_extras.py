@@ -1,6 +1,6 @@
 """Optional dependencies: each is declared as an extra in pyproject.toml, installed by
 `make test` (requirements-dev.txt), and, when missing, the feature that needs it says
-which extra to install (horovod_torch/extras.py)."""
+which extra to install (horovod_torch/common/extras.py)."""
 import re
 import subprocess
 import sys

@@ -28,12 +28,43 @@ def test_cpp_arrows_against_the_layering_are_found():
 
 def test_python_arrows_against_the_layering_are_found():
     assert not check_layers.py_allowed("runner", "engine")      # horovodrun loads no _C
-    assert not check_layers.py_allowed("engine", "features")    # upward
-    assert not check_layers.py_allowed("features", "runner")    # API -> launcher
-    assert check_layers.py_allowed("features", "collectives")
+    assert not check_layers.py_allowed("engine", "training")    # upward
+    assert not check_layers.py_allowed("training", "runner")    # API -> launcher
+    assert check_layers.py_allowed("training", "collectives")
     assert check_layers.py_allowed("integrations", "runner")
     assert check_layers.cycles({"a": {"b"}, "b": {"a"}}) == [["a", "b", "a"]]
     assert check_layers.cycles({"pkg": {"pkg.x"}, "pkg.x": {"pkg"}}) == []
+
+
+def test_a_module_belongs_to_the_layer_of_its_folder():
+    assert check_layers._py_layer("horovod_torch.collectives.ops") == "collectives"
+    assert check_layers._py_layer("horovod_torch.training.elastic.state") == "training"
+    assert check_layers._py_layer("horovod_torch.runner") == "runner"
+    assert check_layers._py_layer("horovod_torch._api") == "api"
+    # A module beside the layer folders, not named in PY_TOP_LEVEL, is in none.
+    assert check_layers._py_layer("horovod_torch.newthing") == ""
+    assert check_layers._py_layer("horovod_torch.ops") == ""
+
+
+def test_imports_by_an_old_or_horovods_path_inside_the_package_are_found(tmp_path,
+                                                                          monkeypatch):
+    target = check_layers._load_aliases().target
+    pkg = tmp_path / "horovod_torch" / "training"
+    pkg.mkdir(parents=True)
+    f = pkg / "m.py"
+    f.write_text("from horovod_torch import ops\n"                      # 1: old path
+                 "import horovod_torch.basics\n"                         # 2: old path
+                 "from horovod_torch.collectives import ops as fine\n"   # 3: real path
+                 "def later():\n"
+                 "    from ..elastic import worker\n"                    # 5: old, relative
+                 "    from horovod.torch.mpi_ops import allreduce\n"     # 6: Horovod's
+                 "from horovod_torch import _C\n")                       # 7: real
+    assert check_layers.check_alias_imports() == []  # (the tree, before ROOT moves)
+    monkeypatch.setattr(check_layers, "ROOT", tmp_path)
+    found = check_layers.alias_imports(f, "horovod_torch.training.m", target)
+    lines = sorted({int(e.split(":")[1]) for e in found})
+    assert lines == [1, 2, 5, 6], found
+    assert "import horovod_torch.common.elastic_worker" in " ".join(found)
 
 
 def test_environment_reads_outside_launch_env_and_config_are_found(tmp_path):
@@ -43,8 +74,8 @@ def test_environment_reads_outside_launch_env_and_config_are_found(tmp_path):
     assert check_layers.environ_uses(f) == [2, 3, 4]
     # The package itself: only the modules ENVIRON_MODULES names (and the runner) do it.
     assert check_layers.check_environ() == []
-    assert "horovod_torch.lightning.strategy" not in check_layers.ENVIRON_MODULES
-    assert "horovod_torch.torch_distributed" not in check_layers.ENVIRON_MODULES
+    assert "horovod_torch.integrations.lightning.strategy" not in check_layers.ENVIRON_MODULES
+    assert "horovod_torch.integrations.torch_distributed" not in check_layers.ENVIRON_MODULES
 
 
 def test_control_op_fields_read_outside_the_runtime_are_found():

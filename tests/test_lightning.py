@@ -60,7 +60,7 @@ def test_two_ranks_match_single_process_sgd_on_the_combined_batch(job, name, ato
     _assert_params(got[0]["params"], got[1]["params"], 0)  # ranks agree exactly
     _assert_params(got[0]["params"], want, atol)
     # DistributedOptimizer with backward_passes_per_step = accumulate_grad_batches
-    assert got[0]["optimizer_class"] == ["horovod_torch.optimizer"]
+    assert got[0]["optimizer_class"] == ["horovod_torch.training.optimizer"]
     passes = {"acc_schedule": 2}.get(name, workers.CONFIGS[name][1])  # the last epoch's
     assert got[0]["passes"] == [passes]
 

@@ -1,4 +1,4 @@
-"""The torch.distributed backend "hvd" (horovod_torch/torch_distributed.py,
+"""The torch.distributed backend "hvd" (horovod_torch/integrations/torch_distributed.py,
 csrc/python/c10d_backend.cc): real processes started as torchrun starts them, with
 gloo over the same ranks as the reference."""
 import os

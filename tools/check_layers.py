@@ -14,7 +14,7 @@ import ast
 import re
 import sys
 from pathlib import Path
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, Set
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,48 +47,38 @@ CPP_EXTERNAL: Dict[str, Set[str]] = {
     "fstream": set(), "iomanip": set(),
 }
 
-# Python layers, lowest first; a module may import its own layer and the ones below,
-# except that "runner" (horovodrun, torch-free) may only use "base".
-PY_LAYERS: List[Tuple[str, List[str]]] = [
-    ("base", ["horovod_torch", "horovod_torch.exceptions", "horovod_torch.config",
-              "horovod_torch.util", "horovod_torch.data", "horovod_torch.timeline",
-              "horovod_torch._build_info", "horovod_torch.build_vars",
-              "horovod_torch.elastic_keys", "horovod_torch.handle", "horovod_torch.launch_env",
-              "horovod_torch.extras",
-              "horovod_torch.elastic.worker"]),
-    ("runner", ["horovod_torch.runner"]),
-    ("engine", ["horovod_torch._ext", "horovod_torch._C", "horovod_torch.rendezvous",
-                "horovod_torch.basics"]),
-    ("collectives", ["horovod_torch.compression", "horovod_torch.adasum",
-                     "horovod_torch.submit", "horovod_torch.process_sets", "horovod_torch.ops",
-                     "horovod_torch.sparse"]),
-    ("features", ["horovod_torch.optimizer", "horovod_torch.sharded", "horovod_torch.functions",
-                  "horovod_torch.sharded_recovery", "horovod_torch.sync_batch_norm",
-                  "horovod_torch.mpi_ops", "horovod_torch.elastic"]),
-    ("integrations", ["horovod_torch.ray", "horovod_torch.spark", "horovod_torch.lightning",
-                      "horovod_torch.torch_distributed"]),
-    ("api", ["horovod_torch._api"]),
-]
-PY_USES: Dict[str, Set[str]] = {"runner": {"base"}}
-PY_NO_TORCH = {"base", "runner"}  # layers that must not import torch at module level
+# Python layers, lowest first, each a folder of horovod_torch/ (docs/design.md §1); a
+# module may import its own layer and the ones below, except that "runner" (horovodrun,
+# torch-free) may only use "common". The package's top-level files belong to the layer
+# named for them here; any other module outside a layer folder is refused.
+PY_LAYERS: List[str] = ["common", "runner", "engine", "collectives", "training",
+                        "integrations", "api"]
+PY_TOP_LEVEL: Dict[str, str] = {
+    "horovod_torch": "common",            # __init__: lazy API, the alias finder
+    "horovod_torch._aliases": "common",   # old and Horovod's import paths
+    "horovod_torch._build_info": "common",  # written by setup.py
+    "horovod_torch._C": "engine",         # the C++ extension
+    "horovod_torch._api": "api",          # the public names
+}
+PY_USES: Dict[str, Set[str]] = {"runner": {"common"}}
+PY_NO_TORCH = {"common", "runner"}  # layers that must not import torch at module level
 
 
 def _py_layer(module: str) -> str:
-    """The layer of a module: the longest prefix listed in PY_LAYERS."""
-    best, best_len = "", -1
-    for layer, prefixes in PY_LAYERS:
-        for p in prefixes:
-            if (module == p or module.startswith(p + ".")) and len(p) > best_len:
-                best, best_len = layer, len(p)
-    return best
+    """The layer of a module: its folder's, or PY_TOP_LEVEL's entry ("" for neither)."""
+    if module in PY_TOP_LEVEL:
+        return PY_TOP_LEVEL[module]
+    parts = module.split(".")
+    if len(parts) >= 2 and parts[0] == "horovod_torch" and parts[1] in PY_LAYERS:
+        return parts[1]
+    return ""
 
 
 def py_allowed(src: str, dst: str) -> bool:
     """May a module of layer `src` import one of layer `dst` at module level?"""
     if src in PY_USES:
         return dst == src or dst in PY_USES[src]
-    order = [name for name, _ in PY_LAYERS]
-    if order.index(dst) > order.index(src):
+    if PY_LAYERS.index(dst) > PY_LAYERS.index(src):
         return False  # upward
     # The API does not depend on the launcher; only the integrations drive it.
     return dst != "runner" or src in ("integrations", "api")
@@ -212,13 +202,16 @@ def _is_module(name: str) -> bool:
 # says, one holds the knobs; the rest set the variables of a process they start or
 # host, as horovodrun does for its workers, or are not the running library at all.
 ENVIRON_MODULES: Dict[str, str] = {
-    "horovod_torch.launch_env": "reads what the launcher said",
-    "horovod_torch.config": "holds the knobs",
-    "horovod_torch.build_vars": "Horovod's build variables, read by setup.py",
-    "horovod_torch.util": "Horovod's util.env(): sets variables for a with-block",
-    "horovod_torch.ray.worker": "a Ray actor's launcher: sets horovodrun's variables in it",
-    "horovod_torch.ray.elastic": "a Ray actor's launcher: sets its CUDA_VISIBLE_DEVICES",
-    "horovod_torch.spark.task": "a Spark task's launcher: the environment of its rank",
+    "horovod_torch.common.launch_env": "reads what the launcher said",
+    "horovod_torch.common.config": "holds the knobs",
+    "horovod_torch.common.build_vars": "Horovod's build variables, read by setup.py",
+    "horovod_torch.common.util": "Horovod's util.env(): sets variables for a with-block",
+    "horovod_torch.integrations.ray.worker": "a Ray actor's launcher: sets horovodrun's "
+                                             "variables in it",
+    "horovod_torch.integrations.ray.elastic": "a Ray actor's launcher: sets its "
+                                              "CUDA_VISIBLE_DEVICES",
+    "horovod_torch.integrations.spark.task": "a Spark task's launcher: the environment of "
+                                             "its rank",
 }
 
 
@@ -258,8 +251,8 @@ def check_python() -> List[str]:
         module = _module_name(f)
         src = _py_layer(module)
         if not src:
-            errors.append(f"{f.relative_to(ROOT)}: module {module} is in no layer "
-                          "(add it to PY_LAYERS in tools/check_layers.py)")
+            errors.append(f"{f.relative_to(ROOT)}: module {module} is in no layer: put it "
+                          "in a layer's folder (PY_LAYERS in tools/check_layers.py)")
             continue
         deps = _top_level_imports(f, module)
         graph[module] = {d for d in deps if d.startswith("horovod_torch")}
@@ -270,6 +263,50 @@ def check_python() -> List[str]:
             if dst and not py_allowed(src, dst):
                 errors.append(f"{f.relative_to(ROOT)}: {src} layer may not import {d} ({dst})")
     errors += [f"import cycle at module level: {' -> '.join(c)}" for c in cycles(graph)]
+    return errors
+
+
+def _load_aliases():
+    """horovod_torch/_aliases.py, loaded by path (torch-free; nothing else is imported)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "_hvd_aliases", ROOT / "horovod_torch" / "_aliases.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def alias_imports(path: Path, module: str, target) -> List[str]:
+    """Imports in `path` (anywhere in it) that name a module by an alias, which
+    `target` maps to the module's real name."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        for name in names:
+            if target(name) != name:
+                out.append(f"{path.relative_to(ROOT)}:{node.lineno}: imports {name}, an old "
+                           f"or Horovod's path; import {target(name)}")
+    return out
+
+
+def check_alias_imports() -> List[str]:
+    """The package and its horovod/ shims import modules by their real paths; the aliases
+    (horovod_torch/_aliases.py) are for users' scripts."""
+    target = _load_aliases().target
+    errors = []
+    for top in ("horovod_torch", "horovod"):
+        for f in sorted((ROOT / top).rglob("*.py")):
+            errors += alias_imports(f, _module_name(f), target)
     return errors
 
 
@@ -299,7 +336,7 @@ def cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
 
 def main() -> int:
     errors = (check_cpp() + check_python() + check_environ() + check_control_ops() +
-              check_file_lengths())
+              check_file_lengths() + check_alias_imports())
     for e in errors:
         print(e)
     if errors:

@@ -1,6 +1,6 @@
 // pybind11 module horovod_torch._C. Holds the process's one Runtime (created by
 // init, destroyed by shutdown) and the handle table that outlives it. Errors are
-// returned to Python as (code, message) so horovod_torch/basics.py can raise the
+// returned to Python as (code, message) so horovod_torch/engine/basics.py can raise the
 // right exception type (see common/status.h). Waits are in waits.cc, the gradient
 // hooks in grad_hooks.cc, the store's bindings in store_bindings.cc; module_state.h is
 // what they use of this file.

@@ -1,6 +1,6 @@
 // The torch.distributed backend "hvd" (docs/torch_distributed.md). Every call of
 // torch.distributed becomes one op, or one atomic group of ops, of the runtime that
-// hvd.init() (or horovod_torch/torch_distributed.py) created: the same negotiation,
+// hvd.init() (or horovod_torch/integrations/torch_distributed.py) created: the same negotiation,
 // fusion, transports, NCCL, timeline and stall report as hvd.* calls, with which it
 // may be mixed.
 //

@@ -1,6 +1,7 @@
 // The torch.distributed backend "hvd" (docs/torch_distributed.md): a c10d::Backend
-// whose collectives are ops of this process's runtime. horovod_torch/torch_distributed.py
-// registers it with torch and brings the runtime up through torch's store.
+// whose collectives are ops of this process's runtime.
+// horovod_torch/integrations/torch_distributed.py registers it with torch and brings the runtime up
+// through torch's store.
 #ifndef HOROVOD_TORCH_PYTHON_C10D_BACKEND_H_
 #define HOROVOD_TORCH_PYTHON_C10D_BACKEND_H_
 

@@ -1,6 +1,6 @@
 // The rendezvous store's server and client in Python (_C.StoreServer, _C.StoreClient):
 // horovodrun's driver serves the store, workers and foreign launchers' bootstraps read
-// and write it (horovod_torch/rendezvous.py, horovod_torch/runner).
+// and write it (horovod_torch/engine/rendezvous.py, horovod_torch/runner).
 #include <torch/extension.h>
 
 #include <memory>

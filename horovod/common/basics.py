@@ -7,8 +7,8 @@ arguments are accepted and ignored, and every instance shares horovod_torch's st
 from typing import Optional, Sequence
 
 from horovod.common import util  # noqa: F401
-from horovod_torch import basics as _basics
-from horovod_torch.process_sets import ProcessSet, global_process_set  # noqa: F401
+from horovod_torch.engine import basics as _basics
+from horovod_torch.collectives.process_sets import ProcessSet, global_process_set  # noqa: F401
 
 
 class MPI:

@@ -1,12 +1,10 @@
 """``horovod.torch`` is horovod_torch: the same module object, so attributes, state and
-submodules (``horovod.torch.elastic``) are shared."""
+submodules (``horovod.torch.elastic``, ``horovod.torch.mpi_ops``) are shared; the names
+below horovod.torch are resolved by horovod_torch's alias finder
+(horovod_torch/_aliases.py)."""
 import sys
 
 import horovod_torch
 
-horovod_torch._load_api()  # pylint: disable=protected-access  (the submodules it loads)
-
-for _name, _mod in list(sys.modules.items()):
-    if _name.startswith("horovod_torch."):
-        sys.modules["horovod.torch." + _name[len("horovod_torch."):]] = _mod
+horovod_torch._load_api()  # pylint: disable=protected-access  (as ``import horovod.torch`` always did)
 sys.modules[__name__] = horovod_torch

@@ -10,7 +10,7 @@ import shlex
 import sys
 from typing import List, Optional, Sequence
 
-from horovod_torch import config
+from horovod_torch.common import config
 from horovod_torch.runner import hosts, network, output
 from horovod_torch.runner.options import (OWN_KNOB_OPTIONS, apply_config_file, knob_dest,
                                           make_parser)

@@ -7,8 +7,8 @@ one machine; other hosts through the launcher's remote-exec command (ssh), like
 static jobs. A remote host that does not answer within the start timeout counts
 as a failed host. On any change (a worker failed, a host appeared or vanished) it forms a
 new *generation*: an ordered list of workers with ranks, written to the store under
-``elastic/`` (the keys: horovod_torch/elastic_keys.py; the worker's side:
-horovod_torch/elastic/worker.py). Survivors keep their relative order, so the new
+``elastic/`` (the keys: horovod_torch/common/elastic_keys.py; the worker's side:
+horovod_torch/common/elastic_worker.py). Survivors keep their relative order, so the new
 rank 0 is an old worker holding the training state. Which workers leave, and when
 they are stopped (unreachable or vanished hosts, hung workers, evicted stragglers), is
 elastic_removal.py's.
@@ -24,11 +24,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from horovod_torch import config, elastic_keys
+from horovod_torch.common import config, elastic_keys
 from horovod_torch.runner import discovery, driver, hosts, output
 from horovod_torch.runner.elastic_removal import WorkerRemoval
-from horovod_torch.runner.elastic_removal import (  # noqa: F401  (moved there; names kept)
-    HUNG_CHECK_PERIOD_S, HUNG_GRACE_S, REMOVED_GRACE_S, with_suppress_kill)
+from horovod_torch.runner.elastic_removal import (HUNG_CHECK_PERIOD_S,  # noqa: F401  (moved there; names kept)
+                                                  HUNG_GRACE_S, REMOVED_GRACE_S, with_suppress_kill)
 
 # Horovod's words at these events (users grep for them).
 WORKER_EXIT_MESSAGE = "Process {rank} exit with status code {code}."

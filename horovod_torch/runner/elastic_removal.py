@@ -16,7 +16,7 @@ import subprocess
 import time
 from typing import Optional
 
-from horovod_torch import elastic_keys
+from horovod_torch.common import elastic_keys
 from horovod_torch.runner import driver, output
 
 REMOVED_GRACE_S = 30.0

@@ -24,7 +24,7 @@ import sys
 import warnings
 from typing import Any, Callable, List, Optional, Sequence
 
-from horovod_torch import config
+from horovod_torch.common import config
 from horovod_torch.runner import launch
 
 KEY_FUNC = "run_func/func"

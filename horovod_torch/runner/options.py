@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Dict, NoReturn, Optional, Sequence, Tuple
 
-from horovod_torch import config, extras
+from horovod_torch.common import config, extras
 from horovod_torch.runner import output
 
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")

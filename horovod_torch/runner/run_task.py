@@ -13,7 +13,7 @@ from horovod_torch.runner import func as run_func
 def _rank() -> int:
     """hvd.rank() if the function left horovod initialised, else the rank this worker
     was started as."""
-    basics = sys.modules.get("horovod_torch.basics")
+    basics = sys.modules.get("horovod_torch.engine.basics")
     if basics is not None:
         try:
             if basics.is_initialized():

@@ -1,0 +1,118 @@
+"""The torch.distributed backend "hvd": ``dist.init_process_group("hvd")`` runs DDP,
+FSDP2 and plain ``dist.*`` calls on this package's engine (docs/torch_distributed.md).
+
+Importing this module (or any of horovod_torch's API: ``import horovod.torch as hvd``)
+registers the backend for CPU and CUDA tensors. The collectives are in C++
+(csrc/python/c10d_backend.cc); this module brings the engine up when the group is
+created:
+
+- when hvd.init() already ran (by the script, or under horovodrun), the backend uses
+  that engine; the group must then be its whole world, in the same rank order;
+- otherwise it starts one through the store torch gives the group (torchrun's,
+  ``init_method="tcp://..."``, a FileStore): every rank publishes its host there,
+  rank 0 starts the engine's rendezvous store and publishes its address and a fresh
+  secret, and the engine it starts belongs to the backend: destroying the group and
+  creating a new one (say, with the survivors of a failure) starts a new engine.
+"""
+import secrets
+import socket
+import threading
+from typing import List
+
+import torch  # noqa: F401  (loads libtorch before the extension)
+import torch.distributed as dist
+
+from horovod_torch.engine import extension as _ext, basics, rendezvous
+from horovod_torch.common import launch_env
+
+NAME = "hvd"
+_KEY = "horovod_torch/c10d"  # the keys this module writes in the group's store
+_lock = threading.Lock()
+_owned = False  # the running engine was started by a backend, not by hvd.init()
+_server = None  # rank 0: the engine's rendezvous store, while its engine runs
+
+
+def _hostname() -> str:
+    return launch_env.read().hostname or socket.gethostname()
+
+
+def _placement(hosts: List[str], rank: int) -> dict:
+    """rank's local and cross coordinates among ranks on `hosts` (one per rank), as
+    horovodrun assigns them (hosts in order of their first rank)."""
+    order = list(dict.fromkeys(hosts))
+    counts = {h: hosts.count(h) for h in order}
+    host = hosts[rank]
+    local_rank = hosts[:rank].count(host)
+    return dict(rank=rank, size=len(hosts), local_rank=local_rank, local_size=counts[host],
+                cross_rank=sum(1 for h in order[:order.index(host)] if counts[h] > local_rank),
+                cross_size=sum(1 for h in order if counts[h] > local_rank))
+
+
+def _start_through_store(store, rank: int, size: int) -> None:
+    """Starts the engine for ranks that share torch's store `store` (module doc)."""
+    global _server
+    store.set(f"{_KEY}/host/{rank}", _hostname())
+    hosts = [store.get(f"{_KEY}/host/{r}").decode() for r in range(size)]
+    world = _placement(hosts, rank)
+    if rank == 0:
+        try:
+            secret = secrets.token_hex(16)
+            # One host: loopback; else MASTER_ADDR (or this host's name), not loopback.
+            address = "127.0.0.1"
+            if world["local_size"] < size:
+                master = launch_env.read().master_addr or socket.gethostname()
+                address = rendezvous.store_address(master, multi_host=True)
+            _server = _ext._C.StoreServer(address, 0, secret)
+        except (ValueError, RuntimeError) as exc:
+            # The others would wait for the address until torch's store times out.
+            store.set(f"{_KEY}/store", f"error {exc}")
+            raise
+        store.set(f"{_KEY}/store", f"{address} {_server.port()} {secret}")
+    published = store.get(f"{_KEY}/store").decode()
+    if published.startswith("error "):
+        raise RuntimeError(f"hvd backend: rank 0 could not start the engine's rendezvous "
+                           f"store: {published[len('error '):]}")
+    host, port, secret = published.split(" ")
+    world.update(store_host=host, store_port=int(port), secret=secret)
+    try:
+        basics.init_world(world, prefix="c10d")
+    finally:
+        if rank == 0:  # every rank has read the keys: it has joined (or given up)
+            for key in [f"{_KEY}/store"] + [f"{_KEY}/host/{r}" for r in range(size)]:
+                store.delete_key(key)
+
+
+def _create(opts, _backend_options):
+    """torch.distributed calls this on each rank of a new "hvd" group."""
+    global _owned, _server
+    rank, size = opts.group_rank, opts.group_size
+    ranks = list(opts.global_ranks_in_group or range(size))
+    if ranks != list(range(size)) or (dist.is_initialized() and size != dist.get_world_size()):
+        raise ValueError(
+            "hvd backend: a group over a subset of ranks (new_group(ranks=...)) is not "
+            "supported yet; create it with backend=\"gloo\" (docs/torch_distributed.md)")
+    with _lock:
+        if _ext._C.running() and _owned and not dist.is_initialized():
+            # A new default group: the one whose engine this is was destroyed.
+            basics.shutdown()
+            _owned = False
+        if not _ext._C.running():
+            _server = None
+            _start_through_store(opts.store, rank, size)
+            _owned = True
+        elif (rank, size) != (basics.rank(), basics.size()):
+            raise ValueError(
+                f"hvd backend: this group (rank {rank} of {size}, global ranks {ranks}) is not "
+                f"hvd's world (rank {basics.rank()} of {basics.size()}); only the whole world "
+                "is supported yet")
+    return _ext._C.c10d_backend(rank, size, opts.timeout.total_seconds())
+
+
+def register() -> None:
+    """Registers "hvd" with torch.distributed (once; later calls do nothing)."""
+    if not dist.is_available() or hasattr(dist.Backend, NAME.upper()):
+        return
+    dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu", "cuda"])
+
+
+register()
