@@ -35,7 +35,9 @@ NOT_BUILT = {}
 
 
 def _sources(folder):
-    return sorted(glob.glob(os.path.join("csrc", folder, "*.cc")))
+    """The .cc files of csrc/`folder`, as paths relative to this file's directory (what
+    setuptools wants), wherever setup.py is run from."""
+    return sorted(glob.glob(os.path.join("csrc", folder, "*.cc"), root_dir=ROOT))
 
 
 def _part_sources(folder, built):

@@ -75,3 +75,14 @@ def test_the_package_requires_the_torch_it_was_built_against(tmp_path):
     requires = next(tmp_path.glob("*.egg-info")).joinpath("requires.txt").read_text()
     assert requires.splitlines()[0] == "torch==" + torch.__version__.split("+")[0], requires
 
+
+def test_setup_finds_its_sources_from_any_directory(tmp_path):
+    """setup.py run from another directory still finds csrc/'s files, so it does not
+    report an optional part (NCCL, MPI) as missing from the source tree."""
+    def notes(cwd):
+        out = subprocess.run([sys.executable, os.path.join(ROOT, "setup.py"), "--name"],
+                             cwd=cwd, capture_output=True, text=True, timeout=300)
+        return [line for line in out.stdout.splitlines() if line.startswith("horovod_torch:")]
+    here, elsewhere = notes(ROOT), notes(str(tmp_path))
+    assert not any("has no" in line for line in elsewhere), elsewhere
+    assert elsewhere == here
