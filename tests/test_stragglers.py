@@ -33,8 +33,9 @@ def test_a_slow_rank_is_named_within_a_few_steps(tmp_path):
     for rank, (named_at, named, straggler, samples, cycles) in finals.items():
         assert (named, straggler) == ("1", "1"), (rank, finals)
         # Detection delay: a quarter of the window (16 cycles, about one per step here)
-        # and the next evaluation and report.
-        assert int(named_at) <= 40, (rank, finals)
+        # to stand out, as many more to be named (the hysteresis), and the next
+        # evaluation and report (31 steps on the 2-core machine).
+        assert int(named_at) <= 48, (rank, finals)
         assert int(cycles) == 64 and int(samples) >= 16
     # One warning, on rank 0, naming the rank and where the others wait for it.
     warnings = [WARNING.search(line) for r in results for line in r.output.splitlines()

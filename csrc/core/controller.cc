@@ -44,6 +44,10 @@ Status Controller::Cycle(std::vector<Request> fresh, bool want_shutdown,
     HVD_RETURN_IF_ERROR(FastCycle(responses, &done));
     if (done) return Status::Ok();
   }
+  // A full cycle may reassign cache positions: what the steady state remembered of
+  // the last exchange (WasBehind) starts over.
+  fast_mine_.clear();
+  fast_pending_.clear();
   RequestList mine;
   mine.invalid_bits.swap(pending_invalid_);
   pending_invalid_.assign(words, 0);
@@ -112,17 +116,26 @@ Status Controller::FastCycle(std::vector<Response>* responses, bool* done) {
   out.invalid_bits.assign(words, 0);
   std::vector<uint64_t> any;       // OR over ranks (coordinator: for the stall inspector)
   std::vector<RequestList> lists;  // per rank (coordinator, per-rank exchange only)
+  std::vector<uint64_t> behind;    // many ranks: a bit per rank, set by those behind
   if (size > kPerRankBitsMaxRanks) {
     // Many ranks: an AND/OR allreduce, O(log n) rounds of O(capacity) bits. The
     // coordinator learns which positions are ready somewhere (OR) but not on
-    // which ranks: a timeline marks cached ops ready on all ranks at once.
+    // which ranks: a timeline marks cached ops ready on all ranks at once. The OR
+    // also carries a bit per rank: set by a rank that was behind another this cycle
+    // (the straggler monitor's signal; StragglerMonitor::ObserveAny).
+    const size_t rank_words = (static_cast<size_t>(size) + 63) / 64;
     out.ready_bits = mine;
-    any.assign(1 + words, 0);
+    any.assign(1 + words + rank_words, 0);
     any[0] = fast_need_full_ ? 1 : 0;
     std::copy(mine.begin(), mine.end(), any.begin() + 1);
+    const int me = control_->rank();
+    if (WasBehind(mine)) any[1 + words + me / 64] |= 1ull << (me % 64);
     HVD_RETURN_IF_ERROR(control_->AllreduceBits(&out.ready_bits, &any));
     *done = (any[0] & 1) == 0;
+    behind.assign(any.begin() + 1 + words, any.end());
+    any.resize(1 + words);
     any.erase(any.begin());
+    NoteFastBits(mine, any, out.ready_bits);
   } else {
     // Few ranks: every rank's bits to every rank (one allgather), so the
     // coordinator's timeline shows when each rank became ready.
@@ -164,8 +177,9 @@ Status Controller::FastCycle(std::vector<Response>* responses, bool* done) {
     if (straggler_) {
       if (per_rank) {
         ObserveStragglers(lists, out);
-      } else {  // many ranks: no per-rank bits, but what completed is known
-        straggler_->ObserveDone(out.ready_bits, out.invalid_bits, std::chrono::steady_clock::now());
+      } else {  // many ranks: no per-rank bits; who was behind, and the first rank's time
+        straggler_->ObserveAny(any, behind, out.ready_bits, out.invalid_bits,
+                               std::chrono::steady_clock::now());
       }
       StragglerCycle(nullptr);
     }
@@ -173,6 +187,20 @@ Status Controller::FastCycle(std::vector<Response>* responses, bool* done) {
   }
   Apply(out, responses);
   return Status::Ok();
+}
+
+bool Controller::WasBehind(const std::vector<uint64_t>& mine) const {
+  for (size_t w = 0; w < mine.size() && w < fast_mine_.size() && w < fast_pending_.size(); ++w) {
+    if (mine[w] & ~fast_mine_[w] & fast_pending_[w]) return true;
+  }
+  return false;
+}
+
+void Controller::NoteFastBits(const std::vector<uint64_t>& mine, const std::vector<uint64_t>& any,
+                              const std::vector<uint64_t>& all) {
+  fast_mine_ = mine;
+  fast_pending_.resize(any.size());
+  for (size_t w = 0; w < any.size(); ++w) fast_pending_[w] = any[w] & ~all[w];
 }
 
 void Controller::CoordinateFast(const std::vector<uint64_t>& any, const ResponseList& out) {

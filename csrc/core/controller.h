@@ -93,6 +93,12 @@ class Controller {
   // Coordinator, after a steady-state exchange: timeline, stall watch, autotune.
   // `any`: OR over ranks of the ready bits.
   void CoordinateFast(const std::vector<uint64_t>& any, const ResponseList& out);
+  // Over kPerRankBitsMaxRanks ranks: whether this rank set, since the last exchange, a
+  // position another rank had pending already (it was behind); NoteFastBits keeps what
+  // that needs of an exchange (`all`: the positions pending everywhere).
+  bool WasBehind(const std::vector<uint64_t>& mine) const;
+  void NoteFastBits(const std::vector<uint64_t>& mine, const std::vector<uint64_t>& any,
+                    const std::vector<uint64_t>& all);
   // Stall inspector bookkeeping: which cache positions are set on some ranks only.
   // `any` / `all`: OR / AND over ranks of the ready bits.
   void TrackPartialBits(const std::vector<uint64_t>& any, const std::vector<uint64_t>& all);
@@ -154,6 +160,9 @@ class Controller {
   TunedParams pending_params_;
   bool stall_due_ = false;       // coordinator: a stall report is due (needs a full cycle)
   bool fast_need_full_ = false;  // this cycle: this rank needs a full cycle
+  // Over kPerRankBitsMaxRanks ranks, of the last steady-state exchange: this rank's
+  // pending positions, and those pending somewhere but not everywhere.
+  std::vector<uint64_t> fast_mine_, fast_pending_;
 
   std::unique_ptr<StragglerMonitor> straggler_;  // coordinator of the global set
   std::string host_, wait_site_;

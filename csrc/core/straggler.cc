@@ -43,16 +43,33 @@ void StragglerMonitor::NoteRank(int rank, const std::string& host, const std::st
   if (!wait_site.empty()) sites_[rank] = wait_site;
 }
 
+void StragglerMonitor::Reserve(size_t words) {
+  if (last_done_ns_.size() < words * 64) {
+    last_done_ns_.resize(words * 64, 0);
+    seen_ns_.resize(words * 64 * static_cast<size_t>(size_), 0);
+  }
+  if (prev_any_.size() < words) prev_any_.resize(words, 0);
+}
+
+void StragglerMonitor::FirstSeen(size_t pos, int64_t now_ns) {
+  std::fill_n(&seen_ns_[pos * size_], size_, now_ns);
+}
+
 void StragglerMonitor::ObserveBits(const std::vector<const std::vector<uint64_t>*>& bits,
                                    const std::vector<uint64_t>& done,
                                    const std::vector<uint64_t>& invalid, Clock::time_point now) {
   const size_t words = done.size();
   if (static_cast<int>(bits.size()) != size_) return;
-  if (last_done_ns_.size() < words * 64) {
-    last_done_ns_.resize(words * 64, 0);
-    seen_ns_.resize(words * 64 * static_cast<size_t>(size_), 0);
-  }
+  Reserve(words);
   const int64_t now_ns = Ns(now);
+  // A position newly pending somewhere starts every rank's time (a rank that has it
+  // only later gets its own below, then), so no rank keeps a time from a past step.
+  for (size_t w = 0; w < words; ++w) {
+    uint64_t any = 0;
+    for (int r = 0; r < size_; ++r) any |= w < bits[r]->size() ? (*bits[r])[w] : 0;
+    ForEachBit(any & ~prev_any_[w], w, [&](size_t pos) { FirstSeen(pos, now_ns); });
+    prev_any_[w] |= any;
+  }
   // A position newly set on a rank: it became ready there now.
   for (int r = 0; r < size_; ++r) {
     std::vector<uint64_t>& prev = prev_bits_[r];
@@ -77,12 +94,28 @@ void StragglerMonitor::ObserveBits(const std::vector<const std::vector<uint64_t>
   }
 }
 
-void StragglerMonitor::ObserveDone(const std::vector<uint64_t>& done,
-                                   const std::vector<uint64_t>& invalid, Clock::time_point now) {
-  const size_t words = std::min(done.size(), last_done_ns_.size() / 64);
+void StragglerMonitor::ObserveAny(const std::vector<uint64_t>& any,
+                                  const std::vector<uint64_t>& behind,
+                                  const std::vector<uint64_t>& done,
+                                  const std::vector<uint64_t>& invalid, Clock::time_point now) {
+  const size_t words = done.size();
+  Reserve(words);
   const int64_t now_ns = Ns(now);
   for (size_t w = 0; w < words; ++w) {
-    ForEachBit(done[w], w, [&](size_t pos) { NoteStep(now_ns, &last_done_ns_[pos]); });
+    const uint64_t cur = w < any.size() ? any[w] : 0;
+    ForEachBit(cur & ~prev_any_[w], w, [&](size_t pos) { FirstSeen(pos, now_ns); });
+    ForEachBit(done[w], w, [&](size_t pos) {
+      int64_t* seen = &seen_ns_[pos * size_];
+      // Pending before this cycle: the ranks that set a position late now were behind.
+      if ((prev_any_[w] >> (pos % 64)) & 1) {
+        for (int r = 0; r < size_; ++r) {
+          const size_t bw = static_cast<size_t>(r) / 64;
+          if (bw < behind.size() && (behind[bw] >> (r % 64)) & 1) seen[r] = now_ns;
+        }
+      }
+      AddOp(seen, now_ns, &last_done_ns_[pos]);
+    });
+    prev_any_[w] |= cur;
     Forget(done, invalid, w);
   }
 }
@@ -93,6 +126,7 @@ void StragglerMonitor::Forget(const std::vector<uint64_t>& done,
   for (int r = 0; r < size_; ++r) {
     if (w < prev_bits_[r].size()) prev_bits_[r][w] &= ~gone;
   }
+  if (w < prev_any_.size()) prev_any_[w] &= ~gone;
 }
 
 void StragglerMonitor::ObserveNamed(const std::vector<Clock::time_point>& arrived) {
@@ -123,10 +157,16 @@ bool StragglerMonitor::EndCycle(Clock::time_point now) {
   if (cycle_has_) {
     float* row = &ring_[static_cast<size_t>(head_) * size_];
     sample_out_.resize(size_);
+    float top = 0;
     for (int r = 0; r < size_; ++r) {
       sample_out_[r] = static_cast<double>(cycle_ns_[r]) * 1e-9;
       row[r] = static_cast<float>(sample_out_[r]);
+      top = std::max(top, row[r]);
       cycle_ns_[r] = 0;
+    }
+    if (Counts(top)) {
+      ++counted_;
+      if (candidate_ >= 0 && row[candidate_] == top) ++candidate_last_;
     }
     const int window = static_cast<int>(ring_.size()) / size_;
     head_ = (head_ + 1) % window;
@@ -138,6 +178,10 @@ bool StragglerMonitor::EndCycle(Clock::time_point now) {
   const int before = report_.straggler;
   Evaluate();
   return report_.straggler != before;
+}
+
+bool StragglerMonitor::Counts(float top_lag_s) const {
+  return top_lag_s > 0 && top_lag_s >= options_.min_lag_s;
 }
 
 void StragglerMonitor::Evaluate() {
@@ -153,8 +197,7 @@ void StragglerMonitor::Evaluate() {
   std::vector<const float*> rows;
   for (int i = 0; i < count_; ++i) {
     const float* row = &ring_[static_cast<size_t>(i) * size_];
-    const float top = *std::max_element(row, row + size_);
-    if (top > 0 && top >= options_.min_lag_s) rows.push_back(row);
+    if (Counts(*std::max_element(row, row + size_))) rows.push_back(row);
   }
   rep.samples = static_cast<int32_t>(rows.size());
   std::vector<int> last(size_, 0);
@@ -164,7 +207,7 @@ void StragglerMonitor::Evaluate() {
   }
   // Enough samples to judge: a quarter of the window (at least 8).
   const int enough = std::max(8, static_cast<int>(ring_.size()) / size_ / 4);
-  rep.straggler = -1;
+  int pick = -1;
   std::vector<float> lags(rows.size());
   for (int r = 0; r < size_; ++r) {
     for (size_t i = 0; i < rows.size(); ++i) lags[i] = rows[i][r];
@@ -174,11 +217,22 @@ void StragglerMonitor::Evaluate() {
     out.median_s = Quantile(&lags, 0.5);
     out.last_share = rows.empty() ? 0 : static_cast<double>(last[r]) / rows.size();
     if (rep.samples >= enough && out.last_share > options_.share &&
-        out.median_s >= rep.threshold_s &&
-        (rep.straggler < 0 || out.median_s > rep.ranks[rep.straggler].median_s)) {
-      rep.straggler = r;
+        out.median_s >= rep.threshold_s && (pick < 0 || out.median_s > rep.ranks[pick].median_s)) {
+      pick = r;
     }
   }
+  // Hysteresis: a rank that stands out is named once it was also last in more than
+  // `share` of the next `enough` (or more) counted samples, and stays named while it
+  // stands out. A rank that is behind for a while and then another (scheduling noise,
+  // a job whose collectives alternate with another library's) is named neither time.
+  if (pick != candidate_) {
+    candidate_ = pick;
+    candidate_since_ = counted_;
+    candidate_last_ = 0;
+  }
+  const int64_t since = counted_ - candidate_since_;
+  const bool confirmed = since >= enough && candidate_last_ > options_.share * since;
+  rep.straggler = pick >= 0 && (pick == rep.straggler || confirmed) ? pick : -1;
   // Where the others wait for it: rank 0's last long wait, else another rank's.
   rep.wait_site.clear();
   for (int r = 0; r < size_ && rep.straggler >= 0 && rep.wait_site.empty(); ++r) {

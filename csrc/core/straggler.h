@@ -12,13 +12,19 @@
 // per rank, the median and 95th percentile lateness and the share of them in which it
 // was last. A rank that is last in more than HOROVOD_STRAGGLER_SHARE of them, with a
 // median lateness of at least the threshold (HOROVOD_STRAGGLER_LAG of the step time,
-// at least HOROVOD_STRAGGLER_MIN_LAG_MS), is named once a quarter of the window (at
-// least 8) counts.
+// at least HOROVOD_STRAGGLER_MIN_LAG_MS), stands out once a quarter of the window (at
+// least 8) counts; it is named once it was also last in more than that share of as
+// many more counted samples (hysteresis: lateness that moves between ranks is not).
 //
 // Where it comes from: per-rank ready bits, which the coordinator has in every full
 // cycle and, up to Controller::kPerRankBitsMaxRanks ranks, in the steady-state
-// exchange too (beyond, that exchange is an AND/OR allreduce and only full cycles
-// are measured), and the arrival of each rank's full requests.
+// exchange too; the arrival of each rank's full requests; and beyond that many ranks,
+// where the steady-state exchange is an AND/OR allreduce, the OR (a position is
+// pending somewhere: the first rank's time) and a mask of the ranks that set, this
+// cycle, a position some rank had set before (they were behind: the last rank's time
+// when the position completes). A rank in the mask is given the cycle's lateness of
+// every position completing in it, a rank outside it none: exact for one late rank,
+// an approximation when several are late at once (docs/observability.md).
 //
 // Threading: used only by the background thread. Torch-free.
 #pragma once
@@ -54,10 +60,12 @@ class StragglerMonitor {
                    const std::vector<uint64_t>& done, const std::vector<uint64_t>& invalid,
                    Clock::time_point now);
   // A cycle without per-rank bits (over Controller::kPerRankBitsMaxRanks ranks, the
-  // steady state): forgets the positions that completed or were dropped, so that a
-  // repeat counts anew, and notes the step time; no sample.
-  void ObserveDone(const std::vector<uint64_t>& done, const std::vector<uint64_t>& invalid,
-                   Clock::time_point now);
+  // steady state): `any`, the positions pending on some rank; `behind`, a bit per rank
+  // (rank r: word r / 64) set by the ranks that were behind another on a position
+  // they set this cycle; `done` and `invalid` as above.
+  void ObserveAny(const std::vector<uint64_t>& any, const std::vector<uint64_t>& behind,
+                  const std::vector<uint64_t>& done, const std::vector<uint64_t>& invalid,
+                  Clock::time_point now);
   // A named op every rank submitted: when each rank's request arrived.
   void ObserveNamed(const std::vector<Clock::time_point>& arrived);
   // Ends a cycle. Every quarter of a second it re-evaluates the window; true when
@@ -70,20 +78,28 @@ class StragglerMonitor {
   const std::vector<double>& cycle_sample() const { return sample_out_; }
 
  private:
+  void Reserve(size_t words);
+  // Position `pos` newly pending somewhere: every rank's time starts at `now_ns`.
+  void FirstSeen(size_t pos, int64_t now_ns);
   void AddOp(const int64_t* seen_ns, int64_t done_ns, int64_t* last_done_ns);
   void NoteStep(int64_t done_ns, int64_t* last_done_ns);
   // Word `w` of the positions that completed or were dropped: no rank has them pending
   // any more, so a repeat next cycle counts anew.
   void Forget(const std::vector<uint64_t>& done, const std::vector<uint64_t>& invalid, size_t w);
+  // Whether a sample whose largest lateness is `top_lag_s` counts (some rank was at
+  // least min_lag behind).
+  bool Counts(float top_lag_s) const;
   void Evaluate();
 
   const int size_;
   const StragglerOptions options_;
   // Per cache position: when the coordinator first saw it on each rank (ns), when it
-  // last completed; per rank: the positions it had pending last cycle.
+  // last completed; per rank: the positions it had pending last cycle; the positions
+  // pending on some rank last cycle.
   std::vector<int64_t> seen_ns_;       // position * size + rank
   std::vector<int64_t> last_done_ns_;  // position
   std::vector<std::vector<uint64_t>> prev_bits_;
+  std::vector<uint64_t> prev_any_;
   // This cycle's sample: per rank, its largest lateness (ns); any op completed?
   std::vector<int64_t> cycle_ns_;
   bool cycle_has_ = false;
@@ -99,6 +115,13 @@ class StragglerMonitor {
   std::vector<std::string> hosts_, sites_;
   Clock::time_point next_eval_{};
   StragglerReport report_;
+  // Samples that counted, ever; the rank that stands out (-1: none), the value of
+  // counted_ when it began to, and in how many counted samples since it was last
+  // (Evaluate's hysteresis).
+  int64_t counted_ = 0;
+  int candidate_ = -1;
+  int64_t candidate_since_ = 0;
+  int64_t candidate_last_ = 0;
 };
 
 }  // namespace hvd

@@ -93,7 +93,7 @@ std::string Canonical(const std::vector<Response>& rs) {
 
 // Steady-state bytes one rank sends per cycle. Up to 64 ranks an allgather of the
 // "needs a full cycle" word plus the cache bits, to each of n - 1 peers; beyond, an
-// AND/OR allreduce of the bits and (flag + bits): ceil(log2 n) messages.
+// AND/OR allreduce of the bits and (flag + bits + a bit per rank): ceil(log2 n) messages.
 int64_t FastMessageBytes(size_t capacity) {
   return 8 * (1 + static_cast<int64_t>((capacity + 63) / 64));
 }
@@ -102,7 +102,8 @@ int64_t FastCycleBytes(int n, size_t capacity) {
   int rounds = 0;
   while ((1 << rounds) < n) ++rounds;
   const int64_t words = static_cast<int64_t>((capacity + 63) / 64);
-  return rounds * 8 * (2 * words + 1);
+  const int64_t rank_words = (n + 63) / 64;  // a bit per rank: who was behind (stragglers)
+  return rounds * 8 * (2 * words + 1 + rank_words);
 }
 
 // Every rank finished every step with the same responses, cycle by cycle, and each

@@ -77,8 +77,22 @@ TEST(Straggler, LagBelowTheThresholdOrTooFewSamplesNamesNobody) {
   Driver few(3);  // 15 samples: under a quarter of the window (16)
   for (int s = 0; s < 15; ++s) few.Step(300, [](int r) { return r == 2 ? 100 : 0; });
   EXPECT_EQ(few.mon().report().straggler, -1);
+  // At 16 rank 2 stands out; it is named when it has stood out through 16 more.
+  for (int s = 0; s < 16; ++s) few.Step(300, [](int r) { return r == 2 ? 100 : 0; });
+  EXPECT_EQ(few.mon().report().straggler, -1);
   few.Step(300, [](int r) { return r == 2 ? 100 : 0; });
   EXPECT_EQ(few.mon().report().straggler, 2);
+}
+
+// Hysteresis: lateness that moves from rank to rank (each behind for 20 steps, long
+// enough to stand out but not to be named) names nobody, however long it goes on.
+TEST(Straggler, LatenessThatMovesBetweenRanksIsNotNamed) {
+  Driver d(3);
+  for (int s = 0; s < 600; ++s) {
+    const int slow = (s / 20) % 3;
+    ASSERT_EQ(d.Step(300, [&](int r) { return r == slow ? 60 : 0; }), 0) << "step " << s;
+  }
+  EXPECT_EQ(d.mon().report().straggler, -1);
 }
 
 TEST(Straggler, BalancedRanksWithJitterStaySilent) {
@@ -109,7 +123,7 @@ TEST(Straggler, OpsReachedTogetherDoNotHideTheStraggler) {
 
 TEST(Straggler, RecoveryUnnamesAndAnotherRankCanBeNamed) {
   Driver d(2);
-  for (int s = 0; s < 30; ++s) d.Step(100, [](int r) { return r == 0 ? 50 : 0; });
+  for (int s = 0; s < 40; ++s) d.Step(100, [](int r) { return r == 0 ? 50 : 0; });
   EXPECT_EQ(d.mon().report().straggler, 0);
   for (int s = 0; s < 64; ++s) d.Step(100, [](int) { return 0; });
   EXPECT_EQ(d.mon().report().straggler, -1);
@@ -122,7 +136,7 @@ TEST(Straggler, NamedArrivalsAndTheWaitSite) {
   Clock::time_point t = Clock::now();
   mon.NoteRank(0, "hostA", "train.py:10 in main");
   mon.NoteRank(1, "hostB", "");
-  for (int s = 0; s < 20; ++s) {
+  for (int s = 0; s < 40; ++s) {
     t += milliseconds(100);
     mon.ObserveNamed({t, t + milliseconds(30)});
     mon.EndCycle(t + milliseconds(30));
@@ -134,6 +148,60 @@ TEST(Straggler, NamedArrivalsAndTheWaitSite) {
   EXPECT_NEAR(rep.threshold_s, 0.005, 1e-9);
   EXPECT_EQ(rep.ranks[1].host, "hostB");
   EXPECT_EQ(rep.wait_site, "train.py:10 in main");
+}
+
+// Over 64 ranks: the OR of the ranks' bits gives the first rank's time, the mask of
+// ranks that were behind the last rank's. One op per step; `late(r)` is how many ms
+// after the others rank r sets it.
+template <typename F>
+int ManyRanksStep(StragglerMonitor* mon, int size, Clock::time_point* t, F late) {
+  const size_t rank_words = (static_cast<size_t>(size) + 63) / 64;
+  std::vector<int> lag(size);
+  int last = 0;
+  for (int r = 0; r < size; ++r) last = std::max(last, lag[r] = late(r));
+  int changes = 0;
+  const std::vector<uint64_t> bit(1, 1ull << 5), none(1, 0);
+  for (int ms = 0; ms <= last; ++ms) {
+    std::vector<uint64_t> behind(rank_words, 0);
+    for (int r = 0; r < size; ++r) {
+      if (ms > 0 && lag[r] == ms) behind[r / 64] |= 1ull << (r % 64);
+    }
+    mon->ObserveAny(bit, behind, ms == last ? bit : none, none, *t + milliseconds(ms));
+    changes += mon->EndCycle(*t + milliseconds(ms)) ? 1 : 0;
+  }
+  *t += milliseconds(200);
+  return changes;
+}
+
+TEST(Straggler, ManyRanksNameTheRankThatWasBehind) {
+  const int size = 100;
+  StragglerMonitor mon(size, StragglerOptions{});
+  Clock::time_point t = Clock::now();
+  int changes = 0;
+  for (int s = 0; s < 40; ++s) {
+    changes += ManyRanksStep(&mon, size, &t, [](int r) { return r == 77 ? 30 : 0; });
+  }
+  const StragglerReport& rep = mon.report();
+  EXPECT_EQ(changes, 1);
+  EXPECT_EQ(rep.straggler, 77);
+  EXPECT_NEAR(rep.ranks[77].median_s, 0.030, 1e-6);
+  EXPECT_DOUBLE_EQ(rep.ranks[77].last_share, 1.0);
+  EXPECT_EQ(rep.ranks[3].median_s, 0);
+  EXPECT_NEAR(rep.step_s, 0.200, 1e-3);
+}
+
+TEST(Straggler, ManyRanksWithJitterStaySilent) {
+  const int size = 130;
+  StragglerMonitor mon(size, StragglerOptions{});
+  Clock::time_point t = Clock::now();
+  std::mt19937 rng(11);
+  for (int s = 0; s < 300; ++s) {
+    // Every step some rank is behind by up to 9 ms: a different one each time.
+    const int slow = static_cast<int>(rng() % size), by = 1 + static_cast<int>(rng() % 9);
+    ASSERT_EQ(ManyRanksStep(&mon, size, &t, [&](int r) { return r == slow ? by : 0; }), 0)
+        << "step " << s;
+  }
+  EXPECT_EQ(mon.report().straggler, -1);
 }
 
 TEST(Straggler, AJoinedRanksOpGivesNoSample) {
@@ -158,8 +226,10 @@ TEST(Straggler, CompletionsWithoutPerRankBitsAreForgotten) {
   StragglerMonitor mon(2, StragglerOptions{});
   const Clock::time_point t0 = Clock::now();
   std::vector<uint64_t> set(1, 1), none(1, 0);
-  mon.ObserveBits({&set, &none}, none, none, t0);    // rank 0 has position 0 pending
-  mon.ObserveDone(set, none, t0 + milliseconds(1));  // ... it completes unobserved
+  mon.ObserveBits({&set, &none}, none, none, t0);  // rank 0 has position 0 pending
+  // ... it completes in a cycle without per-rank bits (rank 1 was behind)
+  mon.ObserveAny(set, std::vector<uint64_t>(1, 2), set, none, t0 + milliseconds(1));
+  mon.EndCycle(t0 + milliseconds(1));
   // A full cycle a second later: both have it again, set in this very cycle.
   mon.ObserveBits({&set, &set}, set, none, t0 + milliseconds(1000));
   mon.EndCycle(t0 + milliseconds(1000));
