@@ -8,8 +8,10 @@ size() times the data of an allreduce; it makes Adasum available without MPI.
 """
 import torch
 
-from horovod_torch.engine.basics import size
+from horovod_torch import _C
+from horovod_torch.collectives.submit import _submit, synchronize
 from horovod_torch.common.handle import DoneHandle
+from horovod_torch.engine.basics import size
 
 
 def check_size() -> None:
@@ -36,7 +38,6 @@ def reduce_gathered(gathered: torch.Tensor) -> torch.Tensor:
 
 
 def adasum(tensor: torch.Tensor, name: str, prescale: float, postscale: float) -> torch.Tensor:
-    from horovod_torch.collectives.ops import allgather  # ops imports this module
     check_size()
     if not tensor.dtype.is_floating_point:
         raise ValueError(f"op=hvd.Adasum needs a floating-point tensor, got {tensor.dtype}")
@@ -44,7 +45,7 @@ def adasum(tensor: torch.Tensor, name: str, prescale: float, postscale: float) -
     # The allgather goes by the op's own name, so a rank that asked for another op of
     # that name meets it as a mismatch (allreduce vs allgather) instead of a wait.
     try:
-        gathered = allgather(flat.contiguous(), name=name)
+        gathered = synchronize(_submit(_C.OP_ALLGATHER, [flat.contiguous()], [None], [name])[0])
     except RuntimeError as e:
         raise RuntimeError(f"{e} (this rank asked for op=hvd.Adasum, which runs as an "
                            "allgather)") from None

@@ -5,7 +5,7 @@ import threading
 from typing import List, NamedTuple, Optional, Tuple
 
 from horovod_torch import _C
-from horovod_torch.common import launch_env
+from horovod_torch.common import elastic_worker, launch_env
 from horovod_torch.engine import rendezvous
 from horovod_torch.common.exceptions import HorovodInternalError
 
@@ -91,7 +91,6 @@ def init(comm=None, process_sets=None) -> None:
             return  # a stopped engine (an error ended it) is replaced by a fresh one
         if _restart_barred is not None:
             raise HorovodInternalError(_restart_barred)
-        from horovod_torch.common import elastic_worker
         if use_mpi:
             ranks, handle = _mpi_comm_arg(comm)
             code, message = _C.init_mpi(ranks, handle)

@@ -9,11 +9,14 @@ from typing import Dict, Iterable, List, Optional, Tuple
 import torch
 
 from horovod_torch import _C
+from horovod_torch.collectives.adasum import check_size as _check_adasum_size
 from horovod_torch.engine.basics import Adasum, Average, Sum
 from horovod_torch.collectives.compression import Compression, NoneCompressor, _CastCompressor
 from horovod_torch.collectives.ops import allreduce_async_, grouped_allreduce_async_
 from horovod_torch.collectives.process_sets import ProcessSet, _ps_id, global_process_set
+from horovod_torch.collectives.sparse import sparse_allreduce_async
 from horovod_torch.collectives.submit import _wait_many, synchronize
+from horovod_torch.training.sharded import ShardedOptimizer, ShardedStateMixin
 
 
 def _ps_included(process_set) -> bool:
@@ -173,7 +176,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"parameter '{self._parameter_names.get(p)}' has a sparse "
                                  "gradient and cannot be in a group; pass "
                                  "sparse_as_dense=True or leave it out of groups")
-            from horovod_torch.collectives.sparse import sparse_allreduce_async
             h = sparse_allreduce_async(p.grad, name=self._wire_names[p],
                                        op=Sum if self._op == Sum else Average,
                                        process_set=self._process_set)
@@ -428,8 +430,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         raise ValueError("shard_optimizer_state cannot be combined with op=hvd.Adasum (each "
                          "rank steps the whole model there)")
     if op == Adasum:
-        from horovod_torch.collectives.adasum import check_size
-        check_size()
+        _check_adasum_size()
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor needs op=hvd.Average")
     if backward_passes_per_step < 1:
@@ -447,9 +448,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         return dist
     methods, bases = dict(_DistributedOptimizer.__dict__), (optimizer.__class__,)
     if stage:
-        from horovod_torch.training.sharded import ShardedOptimizer, ShardedStateMixin
         methods.update({k: v for k, v in ShardedStateMixin.__dict__.items()
                         if not k.startswith("__")})
+        methods["_unsharded"] = _DistributedOptimizer
         methods["_scatter"] = bool(reduce_scatter_gradients)
         bases += (ShardedOptimizer,)
     cls = type(optimizer.__class__.__name__, bases, methods)

@@ -37,7 +37,7 @@ from horovod_torch.collectives.ops import (allreduce_async, grouped_allgather_as
                                            reducescatter_async)
 from horovod_torch.collectives.process_sets import _ps_id, _set_rank, _set_size
 from horovod_torch.collectives.submit import synchronize
-from horovod_torch.training.optimizer import _DistributedOptimizer
+from horovod_torch.training.functions import allgather_object, broadcast_object
 from horovod_torch.training.sharded_recovery import _to_cpu, pack
 
 
@@ -150,6 +150,10 @@ class ShardedStateMixin:
     over _DistributedOptimizer's in the class made for the user's optimizer, so
     ``super(self.__class__, self)`` is the user's optimizer class."""
 
+    # _DistributedOptimizer, whose methods these extend: set in the class
+    # DistributedOptimizer makes (optimizer.py imports this module, not the reverse).
+    _unsharded: type = None
+
     def _shard_init(self, stage: int) -> None:
         self._stage = stage
         # (the hooks may have asked for the partition already)
@@ -260,7 +264,7 @@ class ShardedStateMixin:
     def _native_targets(self, params):
         shard = self._shard()
         if not self._scatter or shard is None or shard.size == 1:
-            return _DistributedOptimizer._native_targets(self, params)
+            return self._unsharded._native_targets(self, params)
         names = ["reducescatter." + self._parameter_names[p] for p in params]
         return names, {"owners": [shard.owner[shard.index[p]] for p in params],
                        "rank": shard.rank, "set_size": shard.size}
@@ -274,7 +278,7 @@ class ShardedStateMixin:
         shard = self._shard()
         if (not self._scatter or shard is None or shard.size == 1
                 or (p.grad is not None and p.grad.is_sparse and not self._sparse_as_dense)):
-            return _DistributedOptimizer._start(self, p)
+            return self._unsharded._start(self, p)
         op, pre, post = self._scales()
         compressed, ctx = self._prepare(p)
         owner = shard.owner[shard.index[p]]
@@ -292,10 +296,10 @@ class ShardedStateMixin:
     def _write_reduced(self, dense, outs) -> None:
         shard = self._shard()
         if not self._scatter or shard is None:
-            return _DistributedOptimizer._write_reduced(self, dense, outs)
+            return self._unsharded._write_reduced(self, dense, outs)
         mine = [(d, out) for d, out in zip(dense, outs) if shard.owns(shard.index[d[0]])]
-        return _DistributedOptimizer._write_reduced(self, [d for d, _ in mine],
-                                                    [out for _, out in mine])
+        return self._unsharded._write_reduced(self, [d for d, _ in mine],
+                                              [out for _, out in mine])
 
     def synchronize(self) -> None:
         shard = self._shard()
@@ -308,7 +312,7 @@ class ShardedStateMixin:
             # others' parameters gradients again): a second reduction, with those
             # absent (zeros), would divide the owned gradients by the set's size.
             return
-        _DistributedOptimizer.synchronize(self)
+        self._unsharded.synchronize(self)
         if scattered:
             for i, p in enumerate(shard.params):
                 if not shard.owns(i):
@@ -365,7 +369,6 @@ class ShardedStateMixin:
         if shard is None or shard.size == 1:
             self._consolidated = _to_cpu(local)
             return
-        from horovod_torch.training.functions import allgather_object
         parts = allgather_object(_to_cpu(local["state"]), name="sharded.consolidate",
                                  process_set=self._process_set)
         if root_rank is None or basics.rank() == root_rank:
@@ -427,7 +430,6 @@ class ShardedStateMixin:
         """broadcast_optimizer_state for a sharded optimizer: the full dict the root
         last loaded (if any) goes to every rank, which keeps its own part; else the
         root's hyper-parameters (the state itself is already where it belongs)."""
-        from horovod_torch.training.functions import broadcast_object
         is_root = basics.rank() == root_rank
         payload = None
         if is_root:
