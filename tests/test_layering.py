@@ -94,3 +94,24 @@ def test_source_files_over_the_line_limit_are_found(tmp_path, monkeypatch):
     monkeypatch.setattr(check_layers, "MAX_LINES", 50)
     errors = check_layers.check_file_lengths()
     assert any("csrc/core/runtime.cc" in e for e in errors), errors
+
+
+def test_a_cycle_through_an_import_inside_a_function_is_found(tmp_path, monkeypatch):
+    pkg = tmp_path / "horovod_torch"
+    for folder in ("collectives", "engine"):
+        (pkg / folder).mkdir(parents=True)
+        (pkg / folder / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    # Within a layer: a imports b, b imports a inside a function.
+    (pkg / "collectives" / "a.py").write_text("from horovod_torch.collectives import b\n")
+    (pkg / "collectives" / "b.py").write_text(
+        "def f():\n    from horovod_torch.collectives import a\n    return a\n")
+    # Upward and lazy (engine reaching collectives in a function): the way up, no cycle.
+    (pkg / "engine" / "e.py").write_text(
+        "def f():\n    from horovod_torch.collectives import c\n    return c\n")
+    (pkg / "collectives" / "c.py").write_text("from horovod_torch.engine import e\n")
+    monkeypatch.setattr(check_layers, "ROOT", tmp_path)
+    found = [e for e in check_layers.check_python() if "cycle" in e]
+    assert found == ["import cycle: horovod_torch.collectives.a -> horovod_torch.collectives.b "
+                     "-> horovod_torch.collectives.a (module level, or inside a function within "
+                     "a layer or downward)"], found
