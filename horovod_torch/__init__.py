@@ -36,7 +36,7 @@ def __getattr__(name):
         return list(_load_api().__all__)
     if name.startswith("__"):
         raise AttributeError(name)
-    if name == "_C":  # the extension, after the torch version check (_ext.py)
+    if name == "_C":  # the extension, after the torch version check (engine/extension.py)
         return importlib.import_module(f"{__name__}.engine.extension")._C
     # A submodule (``from horovod_torch import config``, ``hvd.elastic``) is imported
     # on its own, without the rest of the API.

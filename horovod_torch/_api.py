@@ -29,6 +29,7 @@ from horovod_torch.collectives.ops import (ProcessSet, allgather, allgather_asyn
                                            add_process_set, remove_process_set)
 
 from horovod_torch.training import elastic  # noqa: E402  (after the names it uses)
-from horovod_torch.integrations import torch_distributed  # noqa: E402,F401  (registers the "hvd" backend)
+# (this import registers the torch.distributed backend "hvd")
+from horovod_torch.integrations import torch_distributed  # noqa: E402,F401
 
 __all__ = [n for n in dir() if not n.startswith("_") and n != "torch"]

@@ -4,4 +4,5 @@ from horovod_torch.training.elastic import run_fn  # noqa: F401
 from horovod_torch.training.elastic.state import ObjectState, State  # noqa: F401
 from horovod_torch.common.elastic_worker import (HostUpdateResult,  # noqa: F401
                                                  WorkerNotificationManager, notification_manager)
-from horovod_torch.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
+from horovod_torch.common.exceptions import (HorovodInternalError,  # noqa: F401
+                                             HostsUpdatedInterrupt)

@@ -6,5 +6,6 @@ import sys
 
 import horovod_torch
 
-horovod_torch._load_api()  # pylint: disable=protected-access  (as ``import horovod.torch`` always did)
+# As ``import horovod.torch`` always did: the API is loaded here, not on first use.
+horovod_torch._load_api()  # pylint: disable=protected-access
 sys.modules[__name__] = horovod_torch

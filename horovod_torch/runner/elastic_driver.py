@@ -27,8 +27,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 from horovod_torch.common import config, elastic_keys
 from horovod_torch.runner import discovery, driver, hosts, output
 from horovod_torch.runner.elastic_removal import WorkerRemoval
-from horovod_torch.runner.elastic_removal import (HUNG_CHECK_PERIOD_S,  # noqa: F401  (moved there; names kept)
-                                                  HUNG_GRACE_S, REMOVED_GRACE_S, with_suppress_kill)
+from horovod_torch.runner.elastic_removal import (  # noqa: F401  (moved there; names kept)
+    HUNG_CHECK_PERIOD_S, HUNG_GRACE_S, REMOVED_GRACE_S, with_suppress_kill)
 
 # Horovod's words at these events (users grep for them).
 WORKER_EXIT_MESSAGE = "Process {rank} exit with status code {code}."

@@ -8,7 +8,8 @@ extras.require("ray", "horovod_torch.ray")
 
 from horovod_torch.integrations.ray.worker import BaseHorovodWorker  # noqa: E402
 from horovod_torch.integrations.ray.runner import RayExecutor  # noqa: E402
-from horovod_torch.integrations.ray.elastic import ElasticRayExecutor, RayHostDiscovery  # noqa: E402
+from horovod_torch.integrations.ray.elastic import (ElasticRayExecutor,  # noqa: E402
+                                                    RayHostDiscovery)
 from horovod_torch.integrations.ray import ray_logger  # noqa: E402
 
 __all__ = ["RayExecutor", "BaseHorovodWorker", "ElasticRayExecutor", "RayHostDiscovery",

@@ -91,7 +91,8 @@ class BaseHorovodWorker:
 
     def set_queue(self, queue) -> None:
         """Where ``horovod_torch.ray.ray_logger.log`` sends values (callbacks)."""
-        from horovod_torch.integrations.ray import ray_logger  # pylint: disable=import-outside-toplevel
+        # pylint: disable-next=import-outside-toplevel
+        from horovod_torch.integrations.ray import ray_logger
         ray_logger.configure(queue=queue)
 
     def stop_horovod(self) -> None:
