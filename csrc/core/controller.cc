@@ -129,7 +129,7 @@ Status Controller::FastCycle(std::vector<Response>* responses, bool* done) {
     any[0] = fast_need_full_ ? 1 : 0;
     std::copy(mine.begin(), mine.end(), any.begin() + 1);
     const int me = control_->rank();
-    if (WasBehind(mine)) any[1 + words + me / 64] |= 1ull << (me % 64);
+    if (WasBehind(mine)) SetBit(&any, (1 + words) * 64 + static_cast<size_t>(me));
     HVD_RETURN_IF_ERROR(control_->AllreduceBits(&out.ready_bits, &any));
     *done = (any[0] & 1) == 0;
     behind.assign(any.begin() + 1 + words, any.end());

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/response_cache.h"
+
 namespace hvd {
 namespace {
 
@@ -101,17 +103,18 @@ void StragglerMonitor::ObserveAny(const std::vector<uint64_t>& any,
   const size_t words = done.size();
   Reserve(words);
   const int64_t now_ns = Ns(now);
+  std::vector<int> late;  // the ranks that were behind another this cycle
+  for (int r = 0; r < size_; ++r) {
+    if (TestBit(behind, static_cast<size_t>(r))) late.push_back(r);
+  }
   for (size_t w = 0; w < words; ++w) {
     const uint64_t cur = w < any.size() ? any[w] : 0;
     ForEachBit(cur & ~prev_any_[w], w, [&](size_t pos) { FirstSeen(pos, now_ns); });
     ForEachBit(done[w], w, [&](size_t pos) {
       int64_t* seen = &seen_ns_[pos * size_];
       // Pending before this cycle: the ranks that set a position late now were behind.
-      if ((prev_any_[w] >> (pos % 64)) & 1) {
-        for (int r = 0; r < size_; ++r) {
-          const size_t bw = static_cast<size_t>(r) / 64;
-          if (bw < behind.size() && (behind[bw] >> (r % 64)) & 1) seen[r] = now_ns;
-        }
+      if (TestBit(prev_any_, pos)) {
+        for (int r : late) seen[r] = now_ns;
       }
       AddOp(seen, now_ns, &last_done_ns_[pos]);
     });
