@@ -73,3 +73,9 @@ def test_horovodrun_mpi():
                          text=True, timeout=180)
     assert out.returncode == 0, out.stdout[-4000:]
     assert out.stdout.count("MPI WORLD size=2 mpi=True") == 2, out.stdout
+
+
+def test_send_recv_and_groups_of_the_hvd_backend_over_mpi():
+    from tests.harness import master_port
+    out = mpirun("tests.torch_distributed_workers:p2p_over_mpi", 3, args=[master_port()])
+    assert out.count("transport=mpi") == 3, out[-3000:]

@@ -105,3 +105,47 @@ def test_rank_0_that_cannot_start_the_engine_fails_every_rank_at_once():
         m = re.search(r"REFUSED rank=\d after=([\d.]+) (\w+): (.*)", r.output)
         assert m and "loopback" in m.group(3), describe(results)
         assert float(m.group(1)) < 20, describe(results)
+
+
+@pytest.mark.parametrize("size", [3, 4])
+def test_groups_over_subsets_of_ranks_run_on_process_sets(size):
+    results = _run("tests.torch_distributed_workers:subgroups", size, timeout=240)
+    sets = set()
+    for r in results:
+        assert f"OK rank={r.rank}" in r.output, describe(results)
+        m = re.search(r"SETS rank=\d+ (.*)", r.output)
+        assert m, describe(results)
+        sets.add(m.group(1))
+    # The same registry everywhere: the global set, [0, last], [0, 1], [1, last].
+    assert len(sets) == 1, describe(results)
+    last = size - 1
+    assert sets.pop() == str([(0, list(range(size))), (1, [0, last]), (2, [0, 1]),
+                              (3, [1, last])]), describe(results)
+    # The members of [0, last] ran every collective there, against gloo's group.
+    value = 0
+    for _ in range(30):
+        value = value * 2 + 1
+    for r in (results[0], results[last]):
+        assert f"REPEATS rank={r.rank} value={value}" in r.output, describe(results)
+
+
+def test_a_subgroup_without_the_engine_is_refused_clearly():
+    results = _run("tests.torch_distributed_workers:subgroup_without_engine", 2, timeout=60)
+    m = re.search(r"REFUSED rank=0 (.*)", results[0].output)
+    assert m and "not running" in m.group(1), describe(results)
+
+
+def test_a_late_member_of_a_new_group_is_the_one_reported_missing():
+    results = _run("tests.torch_distributed_workers:subgroup_stall", 3, timeout=90,
+                   env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1"})
+    assert re.search(r"new_group': submitted by ranks \[0\], missing on ranks \[2\] ",
+                     results[0].output), describe(results)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_send_and_recv_between_two_ranks(size):
+    results = _run("tests.torch_distributed_workers:p2p", size, timeout=120)
+    for r in results:
+        assert f"OK rank={r.rank}" in r.output, describe(results)
+    for r in results[:2]:
+        assert re.search(rf"MISMATCH rank={r.rank} \w+: .*Mismatched", r.output), describe(results)

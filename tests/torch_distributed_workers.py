@@ -37,8 +37,16 @@ def _same(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
 def collectives(device: str = "cpu") -> None:
     """Every collective the backend implements, on several dtypes and ops, against gloo
     (or NCCL, on "cuda") over the same ranks: equal results."""
-    rank, size = _init(device)
-    gloo = _reference(device)
+    rank, _ = _init(device)
+    _check_collectives(device, None, _reference(device))
+    dist.destroy_process_group()
+    print(f"OK rank={rank}", flush=True)
+
+
+def _check_collectives(device: str, group, gloo) -> None:
+    """Every collective on the "hvd" group `group` (None: the default group) against
+    the reference group `gloo` over the same ranks; prints the repeated calls' value."""
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
     g = torch.Generator().manual_seed(100 + rank)
     dtypes = [torch.float32, torch.float64, torch.int32, torch.int64, torch.bfloat16]
 
@@ -50,7 +58,7 @@ def collectives(device: str = "cpu") -> None:
         """fn(tensors on hvd) and fn(copies on gloo); returns both tensor lists."""
         ours = [t.clone() for t in tensors]
         ref = [t.clone() for t in tensors]
-        fn(ours, None)
+        fn(ours, group)
         fn(ref, gloo)
         return ours, ref
 
@@ -68,17 +76,17 @@ def collectives(device: str = "cpu") -> None:
             else:
                 _same(a[0], b[0], f"all_reduce {dtype} {op}")
         x = data((7,), dtype)
-        a, b = both(lambda t, grp: dist.broadcast(t[0], src=size - 1, group=grp), x)
+        a, b = both(lambda t, grp: dist.broadcast(t[0], group_src=size - 1, group=grp), x)
         _same(a[0], b[0], f"broadcast {dtype}")
         x = data((2, 3), dtype)
         ours = [torch.empty_like(x) for _ in range(size)]
         ref = [torch.empty_like(x) for _ in range(size)]
-        dist.all_gather(ours, x)
+        dist.all_gather(ours, x, group=group)
         dist.all_gather(ref, x, group=gloo)
         for o, r in zip(ours, ref):
             _same(o, r, f"all_gather {dtype}")
         out_a, out_b = torch.empty(size * 6, dtype=dtype), torch.empty(size * 6, dtype=dtype)
-        dist.all_gather_into_tensor(out_a, x.view(-1))
+        dist.all_gather_into_tensor(out_a, x.view(-1), group=group)
         dist.all_gather_into_tensor(out_b, x.view(-1), group=gloo)
         _same(out_a, out_b, f"all_gather_into_tensor {dtype}")
         # Uneven all_to_all_single: ranks r and s send each other r + s + 1 rows.
@@ -86,28 +94,29 @@ def collectives(device: str = "cpu") -> None:
         x = data((sum(splits), 2), dtype)
         out_a = torch.empty(sum(splits), 2, dtype=dtype)
         out_b = torch.empty_like(out_a)
-        dist.all_to_all_single(out_a, x, splits, splits)
+        dist.all_to_all_single(out_a, x, splits, splits, group=group)
         dist.all_to_all_single(out_b, x, splits, splits, group=gloo)
         _same(out_a, out_b, f"all_to_all_single {dtype}")
     # Reduce-scatter (gloo has no reduce_scatter_tensor: compare with a reduction).
     x = torch.arange(size * 4, dtype=torch.float32) * (rank + 1)
     out = torch.empty(4)
-    dist.reduce_scatter_tensor(out, x)
+    dist.reduce_scatter_tensor(out, x, group=group)
     full = x.clone()
     dist.all_reduce(full, group=gloo)
     _same(out, full[rank * 4:(rank + 1) * 4], "reduce_scatter_tensor")
-    dist.reduce_scatter_tensor(out, x, op=dist.ReduceOp.AVG)
+    dist.reduce_scatter_tensor(out, x, op=dist.ReduceOp.AVG, group=group)
     torch.testing.assert_close(out, full[rank * 4:(rank + 1) * 4] / size)
     out = torch.empty(3)
-    dist.reduce_scatter(out, [torch.full((3,), float(rank * size + r)) for r in range(size)])
+    dist.reduce_scatter(out, [torch.full((3,), float(rank * size + r)) for r in range(size)],
+                        group=group)
     _same(out, torch.full((3,), float(sum(q * size + rank for q in range(size)))),
           "reduce_scatter")
     # Coalesced.
     xs = [data((4,), torch.float32) for _ in range(3)]
     ys = [t.clone() for t in xs]
-    with dist._coalescing_manager(async_ops=True) as cm:
+    with dist._coalescing_manager(group=group, async_ops=True) as cm:
         for t in xs:
-            dist.all_reduce(t)
+            dist.all_reduce(t, group=group)
     cm.wait()
     for t in ys:
         dist.all_reduce(t, group=gloo)
@@ -118,45 +127,242 @@ def collectives(device: str = "cpu") -> None:
     ours = [[torch.empty_like(t) for t in ins] for _ in range(size)]  # [rank][input]
     ref = [[torch.empty_like(t) for t in ins] for _ in range(size)]
     if device == "cpu":  # NCCL has no all_gather_coalesced
-        dist.all_gather_coalesced(ours, ins)
+        dist.all_gather_coalesced(ours, ins, group=group)
         dist.all_gather_coalesced(ref, ins, group=gloo)
         for a, b in zip(sum(ours, []), sum(ref, [])):
             _same(a, b, "all_gather_coalesced")
     # Rooted ops.
     x = torch.full((3,), float(rank + 1))
-    dist.reduce(x, dst=1)
+    dist.reduce(x, group_dst=1, group=group)
     expect = size * (size + 1) // 2 if rank == 1 else rank + 1  # others' left as they were
     _same(x, torch.full((3,), float(expect)), "reduce")
     gathered = [torch.empty(2) for _ in range(size)] if rank == 0 else None
-    dist.gather(torch.full((2,), float(rank)), gathered, dst=0)
+    dist.gather(torch.full((2,), float(rank)), gathered, group_dst=0, group=group)
     if rank == 0:
         for r, t in enumerate(gathered):
             _same(t, torch.full((2,), float(r)), "gather")
     out = torch.empty(2)
     dist.scatter(out, [torch.full((2,), float(r * 7)) for r in range(size)] if rank == size - 1
-                 else None, src=size - 1)
+                 else None, group_src=size - 1, group=group)
     _same(out, torch.full((2,), float(rank * 7)), "scatter")
     outs = [torch.empty(2, dtype=torch.int64) for _ in range(size)]
     dist.all_to_all(outs, [torch.full((2,), rank * 10 + s, dtype=torch.int64)
-                           for s in range(size)])
+                           for s in range(size)], group=group)
     for s, t in enumerate(outs):
         _same(t, torch.full((2,), s * 10 + rank, dtype=torch.int64), "all_to_all")
     # Objects, barrier, async work and futures.
     objs = [None] * size
-    dist.all_gather_object(objs, {"rank": rank})
+    dist.all_gather_object(objs, {"rank": rank}, group=group)
     assert objs == [{"rank": r} for r in range(size)], objs
-    dist.barrier()
-    work = dist.all_reduce(torch.ones(4), async_op=True)
+    dist.barrier(group=group)
+    work = dist.all_reduce(torch.ones(4), async_op=True, group=group)
     assert work.wait() and work.is_completed()
-    fut = dist.all_reduce(torch.ones(2), async_op=True).get_future()
+    fut = dist.all_reduce(torch.ones(2), async_op=True, group=group).get_future()
     chained = fut.then(lambda f: f.value()[0] * 2)
     _same(chained.wait(), torch.full((2,), 2.0 * size), "future")
     # A loop of repeated calls (the names the response cache serves).
     t = torch.zeros(8, dtype=torch.int64)
     for _ in range(30):
-        dist.all_reduce(t)
+        dist.all_reduce(t, group=group)
         t += 1
-    print(f"REPEATS rank={rank} value={t[0].item()}", flush=True)
+    print(f"REPEATS rank={dist.get_rank()} value={t[0].item()}", flush=True)
+
+
+def subgroups(device: str = "cpu") -> None:
+    """Groups over subsets of the ranks (3 or more ranks): every collective in a group
+    against gloo's group of the same ranks; groups that overlap, two groups of the same
+    ranks, a group made with use_local_synchronization (and on GPUs SyncBatchNorm over a
+    group), interleaved with calls of the default group and hvd.* calls."""
+    import horovod_torch as hvd
+    rank, size = _init(device)
+    last = size - 1
+    ends = dist.new_group(ranks=[0, last])  # every rank calls new_group; rank 1 is outside
+    ends_ref = _reference_of([0, last], device)
+    if rank in (0, last):
+        _check_collectives(device, ends, ends_ref)
+    # Overlapping groups, and a second group of the same ranks, used in turns.
+    low, high = dist.new_group(ranks=[0, 1]), dist.new_group(ranks=[1, last])
+    ends_again = dist.new_group(ranks=[last, 0])  # torch sorts the ranks
+    local = dist.new_group(ranks=[1, last], use_local_synchronization=True) \
+        if rank in (1, last) else None
+    for step in range(5):
+        x = torch.full((4,), float(rank + 1))
+        if rank in (0, 1):
+            dist.all_reduce(x, group=low)
+            _same(x, torch.full((4,), 3.0), "low")
+        if rank in (1, last):
+            y = torch.full((2,), float(rank + step))
+            dist.all_reduce(y, group=high)
+            _same(y, torch.full((2,), float(1 + last + 2 * step)), "high")
+            z = torch.full((3,), float(rank))
+            dist.broadcast(z, group_src=1, group=local)  # rank `last` is the group's rank 1
+            _same(z, torch.full((3,), float(last)), "local")
+        if rank in (0, last):
+            a, b = torch.full((2,), float(rank)), torch.full((2,), float(rank * 10))
+            wa = dist.all_reduce(a, async_op=True, group=ends)
+            wb = dist.all_reduce(b, async_op=True, group=ends_again)
+            wb.wait()
+            wa.wait()
+            _same(a, torch.full((2,), float(last)), "ends")
+            _same(b, torch.full((2,), float(last * 10)), "ends_again")
+        w = torch.ones(3)
+        dist.all_reduce(w)
+        _same(w, torch.full((3,), float(size)), "default group")
+        _same(hvd.allreduce(torch.ones(2), op=hvd.Sum, name=f"hvd.{step}"),
+              torch.full((2,), float(size)), "hvd")
+    # SyncBatchNorm over a group (it runs on GPUs only).
+    if device == "cuda" and rank in (0, last):
+        torch.manual_seed(0)
+        bn = torch.nn.SyncBatchNorm(4, process_group=ends)
+        ref = torch.nn.SyncBatchNorm(4, process_group=ends_ref)
+        ref.load_state_dict(bn.state_dict())
+        inp = torch.randn(2, 4, 3, generator=torch.Generator().manual_seed(rank))
+        torch.testing.assert_close(bn(inp.clone()), ref(inp.clone()))
+    # Every rank's engine has the same sets: one per distinct group of ranks (the
+    # gloo groups are not the engine's).
+    from horovod_torch import _C
+    print(f"SETS rank={rank} {sorted(_C.process_sets().items())}", flush=True)
+    dist.destroy_process_group()
+    print(f"OK rank={rank}", flush=True)
+
+
+def _reference_of(ranks, device: str):
+    return dist.new_group(ranks=ranks, backend="gloo" if device == "cpu" else "nccl")
+
+
+def p2p() -> None:
+    """send/recv between two ranks (3 or more ranks): blocking and non-blocking rings,
+    batch_isend_irecv, tags that arrive out of order, shapes that differ but hold as
+    many elements, a group's ranks, interleaved with collectives; a size mismatch fails
+    on both ranks and the group goes on; recv from any source is refused."""
+    rank, size = _init()
+    _check_p2p(rank, size)
+    dist.destroy_process_group()
+    print(f"OK rank={rank}", flush=True)
+
+
+def p2p_over_mpi(port: str) -> None:
+    """p2p() and a group of the first and last rank on the engine that hvd.init() started
+    under mpirun (the MPI transport, whose sub-communicators every rank makes)."""
+    import horovod_torch as hvd
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    dist.init_process_group("hvd", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=size)
+    _check_p2p(rank, size)
+    ends = dist.new_group(ranks=[0, size - 1])
+    if rank in (0, size - 1):
+        x = torch.full((3,), float(rank))
+        dist.all_reduce(x, group=ends)
+        _same(x, torch.full((3,), float(size - 1)), "group over MPI")
+    dist.barrier()
+    dist.destroy_process_group()
+    print(f"OK rank={hvd.rank()} transport={hvd.mpi_enabled() and 'mpi'}", flush=True)
+
+
+def _check_p2p(rank: int, size: int) -> None:
+    nxt, prev = (rank + 1) % size, (rank - 1) % size
+    for step in range(3):
+        out = torch.full((5,), float(rank * 10 + step))
+        got = torch.empty(5)
+        if rank % 2 == 0:  # a blocking ring: even ranks send first
+            dist.send(out, dst=nxt)
+            dist.recv(got, src=prev)
+        else:
+            dist.recv(got, src=prev)
+            dist.send(out, dst=nxt)
+        _same(got, torch.full((5,), float(prev * 10 + step)), "blocking ring")
+        # Every rank sends and receives at once.
+        got = torch.empty(2, 3, dtype=torch.int64)
+        works = [dist.isend(torch.arange(6, dtype=torch.int64) + rank, dst=nxt),
+                 dist.irecv(got, src=prev)]
+        for w in works:
+            w.wait()
+        _same(got.view(-1), torch.arange(6, dtype=torch.int64) + prev, "isend/irecv ring")
+        x = torch.ones(3)
+        dist.all_reduce(x)
+        _same(x, torch.full((3,), float(size)), "collective between")
+    # batch_isend_irecv, both directions.
+    a, b = torch.empty(4), torch.empty(4)
+    ops = [dist.P2POp(dist.isend, torch.full((4,), float(rank)), nxt),
+           dist.P2POp(dist.isend, torch.full((4,), float(-rank)), prev),
+           dist.P2POp(dist.irecv, a, prev), dist.P2POp(dist.irecv, b, nxt)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    _same(a, torch.full((4,), float(prev)), "batch from prev")
+    _same(b, torch.full((4,), float(-nxt)), "batch from next")
+    # Tags: rank 0 sends tag 1 then tag 2; rank 1 receives tag 2 first.
+    if rank == 0:
+        w1 = dist.isend(torch.full((2,), 1.0), dst=1, tag=1)
+        w2 = dist.isend(torch.full((2,), 2.0), dst=1, tag=2)
+        w1.wait()
+        w2.wait()
+    elif rank == 1:
+        t2, t1 = torch.empty(2), torch.empty(2)
+        dist.recv(t2, src=0, tag=2)
+        dist.recv(t1, src=0, tag=1)
+        _same(t1, torch.full((2,), 1.0), "tag 1")
+        _same(t2, torch.full((2,), 2.0), "tag 2")
+    # Within a group: group ranks name the peers.
+    ends = dist.new_group(ranks=[0, size - 1])
+    if rank in (0, size - 1):
+        t = torch.full((3,), float(rank))
+        if rank == 0:
+            dist.send(t, group_dst=1, group=ends)
+        else:
+            dist.recv(t, group_src=0, group=ends)
+            _same(t, torch.zeros(3), "group send")
+    # A size mismatch fails on both ranks; the next transfer works.
+    if rank in (0, 1):
+        try:
+            if rank == 0:
+                dist.send(torch.ones(4), dst=1)
+            else:
+                dist.recv(torch.empty(5), src=0)
+        except Exception as exc:  # noqa: BLE001  (its type is torch's)
+            print(f"MISMATCH rank={rank} {type(exc).__name__}: {exc}", flush=True)
+        else:
+            raise AssertionError("a size mismatch did not raise")
+        t = torch.full((2,), 7.0) if rank == 0 else torch.empty(2)
+        (dist.send(t, dst=1) if rank == 0 else dist.recv(t, src=0))
+        _same(t, torch.full((2,), 7.0), "after the mismatch")
+    try:
+        dist.recv(torch.empty(1))
+    except Exception as exc:  # noqa: BLE001
+        assert "any source" in str(exc), exc
+    else:
+        raise AssertionError("recv from any source did not raise")
+    dist.barrier()
+
+
+def subgroup_stall() -> None:
+    """The last rank comes late to new_group([0, last]): the stall report names it, and
+    not the ranks outside the group, as missing."""
+    rank, size = _init()
+    if rank == size - 1:
+        time.sleep(4)
+    group = dist.new_group(ranks=[0, size - 1])
+    if rank in (0, size - 1):
+        x = torch.ones(2)
+        dist.all_reduce(x, group=group)
+        _same(x, torch.full((2,), 2.0), "late group")
+    dist.barrier()
+    dist.destroy_process_group()
+    print(f"OK rank={rank}", flush=True)
+
+
+def subgroup_without_engine() -> None:
+    """A "hvd" group over a subset of the ranks when the default group is gloo and no
+    engine runs: a clear error at new_group."""
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    try:
+        dist.new_group(ranks=[0], backend="hvd")
+    except ValueError as exc:
+        print(f"REFUSED rank={rank} {exc}", flush=True)
+    else:
+        if rank == 0:
+            raise AssertionError("a subgroup without the engine did not raise")
     dist.destroy_process_group()
     print(f"OK rank={rank}", flush=True)
 
@@ -271,13 +477,6 @@ def errors() -> None:
         assert "contiguous" in str(exc), exc
     else:
         raise AssertionError("a non-contiguous tensor did not raise")
-    try:
-        dist.new_group(ranks=[0])
-    except ValueError as exc:
-        assert "subset of ranks" in str(exc), exc
-    else:
-        if rank == 0:
-            raise AssertionError("a subgroup did not raise")
     # A mismatch between ranks fails on every rank, and the group goes on.
     try:
         dist.all_reduce(torch.ones(3 + rank))

@@ -310,8 +310,9 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
   for (const auto& kv : table_) {
     const Pending& p = kv.second;
     const Request& r0 = rep(p);
-    bool complete =
-        r0.control.kind == ControlKind::kJoin ? p.count == size : ready_count(p) == size;
+    bool complete = r0.control.kind == ControlKind::kJoin ? p.count == size
+                    : Submitters(p) != nullptr            ? AllMembersIn(p)
+                                                          : ready_count(p) == size;
     if (!complete) continue;
     if (r0.group_id != 0 && group_ready[r0.group_id] < r0.group_size) continue;
     ready.emplace_back(p.order, kv.first);
@@ -319,7 +320,7 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
   std::sort(ready.begin(), ready.end());
   for (const auto& o : ready) {
     const Pending& p = table_[o.second];
-    Response resp = p.count == size ? Match(p.by_rank, size) : MatchJoined(p.by_rank, size);
+    Response resp = p.count == size ? Match(p.by_rank, size) : MatchSubmitted(p.by_rank, size);
     if (!resp.error.empty()) {
       // An error response carries rank_rows only to name the submitters of a failed
       // group's leftover member (FailRestOfFailedGroups); every rank takes this one.
@@ -390,7 +391,8 @@ void Controller::Apply(const ResponseList& list, std::vector<Response>* out) {
     auto sig = sent_sigs_.find(resp.name);
     std::string signature = sig == sent_sigs_.end() ? std::string() : sig->second;
     if (sig != sent_sigs_.end()) sent_sigs_.erase(sig);
-    if (!resp.error.empty() || resp.group_id != 0 || resp.type == OpType::kControl) {
+    if (!resp.error.empty() || resp.group_id != 0 || resp.type == OpType::kControl ||
+        !resp.participants.empty()) {  // the cache's bits are for ops of every rank
       continue;
     }
     if (!params_.cache_enabled) continue;

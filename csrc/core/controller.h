@@ -83,8 +83,10 @@ class Controller {
   // Coordinator's validation of one name's requests (one per rank, by rank).
   // Exposed for tests.
   static Response Match(const std::vector<Request>& reqs, int size);
-  // Match of an allreduce when some ranks joined: their entries are empty (no name).
-  static Response MatchJoined(const std::vector<Request>& reqs, int size);
+  // Match of the requests present when some ranks submit none (their entries are
+  // empty): an allreduce beside joined ranks, or an add_process_set_of_members, which
+  // only the set's members submit.
+  static Response MatchSubmitted(const std::vector<Request>& reqs, int size);
 
  private:
   void Classify(Request req, std::vector<uint64_t>* invalid);
@@ -131,6 +133,11 @@ class Controller {
     std::chrono::steady_clock::time_point since;
     std::vector<std::chrono::steady_clock::time_point> arrived;  // per rank (straggler monitor)
   };
+  // The ranks that submit a pending name, which is ready once each of them submitted
+  // it: null for every rank; an op's participants (send/recv), an
+  // add_process_set_of_members' ranks.
+  static const std::vector<int64_t>* Submitters(const Pending& p);
+  static bool AllMembersIn(const Pending& p);
   std::map<std::string, Pending> table_;
   uint64_t next_order_ = 0;
   // hvd.join(): ranks that have joined count as ready for every allreduce (they

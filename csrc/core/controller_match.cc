@@ -132,6 +132,7 @@ Response Controller::Match(const std::vector<Request>& reqs, int size) {
   resp.shape = a.shape;
   resp.group_id = a.group_id;
   resp.on_gpu = a.device >= 0;
+  resp.participants = a.participants;
   auto fail = [&](const std::string& what, const std::string& detail) {
     resp.error = "Mismatched " + what + " for '" + a.name + "': " + detail +
                  ". Every rank must submit the same collective with matching arguments.";
@@ -170,6 +171,10 @@ Response Controller::Match(const std::vector<Request>& reqs, int size) {
     }
   }
   for (const auto& r : reqs) {
+    if (r.participants != a.participants) {
+      return fail("participants",
+                  Disagreement(reqs, [](const Request& q) { return ShapeStr(q.participants); }));
+    }
     if ((r.device >= 0) != (a.device >= 0)) {
       return fail("devices", Disagreement(reqs, [](const Request& q) {
                     return std::string(q.device >= 0 ? "a CUDA tensor" : "a CPU tensor");
@@ -249,12 +254,32 @@ Response Controller::Match(const std::vector<Request>& reqs, int size) {
   return resp;
 }
 
-Response Controller::MatchJoined(const std::vector<Request>& reqs, int size) {
+Response Controller::MatchSubmitted(const std::vector<Request>& reqs, int size) {
   std::vector<Request> present;
   for (const auto& r : reqs) {
     if (!r.name.empty()) present.push_back(r);
   }
-  return Match(present, size);  // an allreduce: any other op failed in FailBesideJoin
+  return Match(present, size);
+}
+
+const std::vector<int64_t>* Controller::Submitters(const Pending& p) {
+  const Request* r0 = Submitted(p.by_rank);
+  if (r0 == nullptr) return nullptr;
+  if (!r0->participants.empty()) return &r0->participants;
+  if (r0->control.kind != ControlKind::kAddProcessSetOfMembers) return nullptr;
+  return &r0->control.ranks;
+}
+
+bool Controller::AllMembersIn(const Pending& p) {
+  const std::vector<int64_t>* members = Submitters(p);
+  if (members == nullptr) return false;
+  for (int64_t r : *members) {
+    if (r < 0 || r >= static_cast<int64_t>(p.by_rank.size()) ||
+        p.by_rank[static_cast<size_t>(r)].name.empty()) {
+      return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace hvd

@@ -55,9 +55,14 @@ void Controller::InspectStalls(const std::vector<RequestList>& lists, ResponseLi
   if (age_s < stall_.check_s) return;
   std::string report;
   bool fatal = false;
-  auto describe = [&](const std::string& name, double waited, auto has) {
+  // `expected`: the ranks that submit the name (all but for an add_process_set_of_members).
+  auto describe = [&](const std::string& name, double waited, auto has,
+                      const std::vector<int64_t>* expected = nullptr) {
     std::string ready, missing;
     for (int r = 0; r < size; ++r) {
+      if (expected && std::find(expected->begin(), expected->end(), r) == expected->end()) {
+        continue;
+      }
       std::string& dst = has(r) ? ready : missing;
       dst += (dst.empty() ? "" : ", ") + std::to_string(r);
     }
@@ -68,7 +73,9 @@ void Controller::InspectStalls(const std::vector<RequestList>& lists, ResponseLi
   for (const auto& kv : table_) {
     double waited = std::chrono::duration<double>(now - kv.second.since).count();
     if (waited < stall_.check_s) continue;
-    describe(kv.first, waited, [&](int r) { return !kv.second.by_rank[r].name.empty(); });
+    describe(
+        kv.first, waited, [&](int r) { return !kv.second.by_rank[r].name.empty(); },
+        Submitters(kv.second));
   }
   for (const auto& kv : partial_bits_) {
     double waited = std::chrono::duration<double>(now - kv.second).count();

@@ -22,7 +22,6 @@
 #include "common/check.h"
 #include "common/logging.h"
 #include "core/fusion.h"
-#include "core/torch_types.h"
 #include "transport/tcp_transport.h"
 
 namespace hvd {
@@ -392,27 +391,16 @@ void Runtime::FailAll(const Status& status) {
   for (auto& kv : pending) kv.second.handle->Complete(status);
 }
 
-Entry Runtime::JoinedEntry(const Response& r) {
-  auto options = at::TensorOptions().dtype(TorchType(r.dtype));
-  if (r.on_gpu) {
-    int32_t device;
-    {
-      MutexLock lock(mu_);
-      device = join_device_ >= 0 ? join_device_ : last_gpu_device_;
-    }
-    if (device < 0) device = 0;  // no CUDA op from this rank yet: its first GPU
-    options = options.device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device)));
-  }
-  Entry e;
-  e.sub.request.name = r.name;
-  e.sub.input = at::zeros(r.shape, options);
-  e.sub.output = e.sub.input;
-  e.handle = std::make_shared<HandleState>();  // nobody waits for it
-  if (r.on_gpu) e.ready = gpu_->RecordReady(e.sub.input);
-  return e;
-}
-
-Status Runtime::Execute(ProcessSetState& ps, const std::vector<Response>& responses) {
+Status Runtime::Execute(ProcessSetState& ps, const std::vector<Response>& all) {
+  // A point-to-point op runs on its two ranks; the others skip it.
+  auto elsewhere = [me = static_cast<int64_t>(ps.comm->rank())](const Response& r) {
+    const auto& p = r.participants;
+    return !p.empty() && std::find(p.begin(), p.end(), me) == p.end();
+  };
+  std::vector<Response> mine;
+  const bool skip = std::any_of(all.begin(), all.end(), elsewhere);
+  if (skip) std::remove_copy_if(all.begin(), all.end(), std::back_inserter(mine), elsewhere);
+  const std::vector<Response>& responses = skip ? mine : all;
   if (timeline_.active()) {
     for (const auto& r : responses) {
       if (!r.error.empty()) continue;
@@ -435,6 +423,13 @@ Status Runtime::Execute(ProcessSetState& ps, const std::vector<Response>& respon
                 resp.rank_rows.end();
         if (not_ours || (it == pending_.end() && !resp.error.empty())) {
           entries.push_back(Entry{});
+          continue;
+        }
+        if (it == pending_.end() && resp.control.kind == ControlKind::kAddProcessSetOfMembers) {
+          // A non-member applies it too (every rank keeps the same registry), for nobody.
+          Entry e;
+          e.handle = std::make_shared<HandleState>();
+          entries.push_back(std::move(e));
           continue;
         }
         if (it == pending_.end()) {

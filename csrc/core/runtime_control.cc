@@ -1,11 +1,12 @@
 // Runtime, control ops: barrier and join, and the registry of process sets (added and
-// removed identically by every rank, as control ops of the global set), with the
-// controller each set negotiates with.
+// removed identically by every rank, as control ops of the global set; one that only
+// its members submit, too), with the controller each set negotiates with.
 #include "core/runtime.h"
 
 #include <limits>
 
 #include "common/check.h"
+#include "core/torch_types.h"
 
 namespace hvd {
 namespace {
@@ -35,6 +36,7 @@ Status Runtime::ApplyControl(ProcessSetState& ps, const std::vector<Response>& b
   const ControlOp& c = batch[0].control;
   switch (c.kind) {
     case ControlKind::kAddProcessSet:
+    case ControlKind::kAddProcessSetOfMembers:
     case ControlKind::kRemoveProcessSet:
       return ChangeProcessSets(c, e);
     case ControlKind::kJoin: {
@@ -89,6 +91,10 @@ Status Runtime::ChangeProcessSets(const ControlOp& c, Entry& e) {
   {
     MutexLock lock(mu_);
     for (const auto& kv : set_ranks_) {
+      if (kv.second == ranks && c.kind == ControlKind::kAddProcessSetOfMembers) {
+        e.handle->Complete(Status::Ok(), at::full({1}, kv.first, at::kInt));  // shared
+        return Status::Ok();
+      }
       if (kv.second == ranks) {
         e.handle->Complete(Status::InvalidArgument(
             "add_process_set: process set " + std::to_string(kv.first) +
@@ -119,6 +125,26 @@ Status Runtime::ChangeProcessSets(const ControlOp& c, Entry& e) {
   }
   e.handle->Complete(Status::Ok(), at::full({1}, id, at::kInt));
   return Status::Ok();
+}
+
+Entry Runtime::JoinedEntry(const Response& r) {
+  auto options = at::TensorOptions().dtype(TorchType(r.dtype));
+  if (r.on_gpu) {
+    int32_t device;
+    {
+      MutexLock lock(mu_);
+      device = join_device_ >= 0 ? join_device_ : last_gpu_device_;
+    }
+    if (device < 0) device = 0;  // no CUDA op from this rank yet: its first GPU
+    options = options.device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device)));
+  }
+  Entry e;
+  e.sub.request.name = r.name;
+  e.sub.input = at::zeros(r.shape, options);
+  e.sub.output = e.sub.input;
+  e.handle = std::make_shared<HandleState>();  // nobody waits for it
+  if (r.on_gpu) e.ready = gpu_->RecordReady(e.sub.input);
+  return e;
 }
 
 std::map<int32_t, std::vector<int>> Runtime::process_sets() {

@@ -13,7 +13,7 @@ namespace hvd {
 Status Runtime::CheckControl(const Submission& s) const {
   const ControlOp& c = s.request.control;
   if (c.kind == ControlKind::kNone ||
-      static_cast<int>(c.kind) > static_cast<int>(ControlKind::kRemoveProcessSet)) {
+      static_cast<int>(c.kind) > static_cast<int>(ControlKind::kAddProcessSetOfMembers)) {
     return Status::InvalidArgument("internal: control kind " +
                                    std::to_string(static_cast<int>(c.kind)) + " of '" +
                                    s.request.name + "' is not a control op");
@@ -24,16 +24,23 @@ Status Runtime::CheckControl(const Submission& s) const {
   }
   switch (c.kind) {
     case ControlKind::kAddProcessSet:
+    case ControlKind::kAddProcessSetOfMembers:
       if (c.ranks.empty()) {
-        return Status::InvalidArgument("add_process_set: a process set needs at least one rank");
+        return Status::InvalidArgument(std::string(op) + ": a process set needs at least one rank");
       }
       for (size_t i = 0; i < c.ranks.size(); ++i) {
         if (c.ranks[i] < 0 || c.ranks[i] >= world_.size ||
             (i > 0 && c.ranks[i] <= c.ranks[i - 1])) {
-          return Status::InvalidArgument("add_process_set: ranks must be distinct and in [0, " +
+          return Status::InvalidArgument(std::string(op) + ": ranks must be ascending and in [0, " +
                                          std::to_string(world_.size) + "); got rank " +
                                          std::to_string(c.ranks[i]));
         }
+      }
+      // Only members submit it: the coordinator waits for exactly these ranks.
+      if (c.kind == ControlKind::kAddProcessSetOfMembers &&
+          std::find(c.ranks.begin(), c.ranks.end(), world_.rank) == c.ranks.end()) {
+        return Status::InvalidArgument(std::string(op) + ": rank " + std::to_string(world_.rank) +
+                                       " is not one of the set's ranks; only members submit it");
       }
       return Status::Ok();
     case ControlKind::kRemoveProcessSet:
@@ -70,6 +77,23 @@ Status Runtime::CheckLocal(const Submission& s, const std::vector<int>* set_rank
   }
   const int set_size = static_cast<int>(set_ranks->size());
   if (r.type == OpType::kControl) return CheckControl(s);
+  if (!r.participants.empty()) {
+    // A send/recv: a broadcast between two ranks of the set, from its root.
+    const auto& p = r.participants;
+    const int64_t me =
+        std::find(set_ranks->begin(), set_ranks->end(), world_.rank) - set_ranks->begin();
+    if (r.type != OpType::kBroadcast || p.size() != 2 || p[0] < 0 || p[0] >= p[1] ||
+        p[1] >= set_size || (me != p[0] && me != p[1]) || (r.root != p[0] && r.root != p[1])) {
+      return Status::InvalidArgument(
+          "internal: a point-to-point op is a broadcast between two distinct ranks of the "
+          "set, this rank one of them ('" +
+          r.name + "')");
+    }
+    if (s.input.defined() && s.input.is_cuda()) {
+      return Status::InvalidArgument("send/recv of '" + r.name +
+                                     "': CUDA tensors are not supported yet; send a CPU copy");
+    }
+  }
   if (!s.input.defined()) return Status::InvalidArgument(std::string(op) + ": tensor is undefined");
   if (s.input.is_cuda() && gpu_ == nullptr) {
     return Status::InvalidArgument(std::string(op) + " of '" + r.name + "': tensor is on " +

@@ -181,6 +181,18 @@ class MpiCommunicator : public Communicator {
     return Check(MPI_Bcast(buf, static_cast<int>(bytes), MPI_BYTE, root, comm_), "MPI_Bcast");
   }
 
+  Status Transfer(void* buf, size_t bytes, int from, int to) override {
+    if (bytes > static_cast<size_t>(INT_MAX)) {
+      return Status::InvalidArgument("the MPI transport sends at most 2 GiB per op");
+    }
+    if (rank_ == from) {
+      return Check(MPI_Send(buf, static_cast<int>(bytes), MPI_BYTE, to, 0, comm_), "MPI_Send");
+    }
+    return Check(
+        MPI_Recv(buf, static_cast<int>(bytes), MPI_BYTE, from, 0, comm_, MPI_STATUS_IGNORE),
+        "MPI_Recv");
+  }
+
   Status Alltoallv(const void* send, const std::vector<size_t>& send_bytes, void* recv,
                    const std::vector<size_t>& recv_bytes) override {
     std::vector<int> sc, sd, rc, rd;

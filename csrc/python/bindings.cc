@@ -232,7 +232,8 @@ py::tuple Submit(int type, std::vector<at::Tensor> inputs,
 
 // Submits one control op (a ControlKind): a barrier on `process_set_id`, or on the
 // global set a join (`join_device`: where this rank's zeros go while it has joined),
-// adding a process set of `ranks`, or removing process set `remove_id`.
+// adding a process set of `ranks` (every rank submits it, or only its members), or
+// removing process set `remove_id`.
 py::tuple SubmitControl(int kind, const std::string& name, std::vector<int64_t> ranks,
                         int remove_id, int join_device, int process_set_id) {
   ControlOp c;
@@ -428,6 +429,8 @@ PYBIND11_MODULE(_C, m) {
   m.attr("CONTROL_JOIN") = static_cast<int>(ControlKind::kJoin);
   m.attr("CONTROL_ADD_PROCESS_SET") = static_cast<int>(ControlKind::kAddProcessSet);
   m.attr("CONTROL_REMOVE_PROCESS_SET") = static_cast<int>(ControlKind::kRemoveProcessSet);
+  m.attr("CONTROL_ADD_PROCESS_SET_OF_MEMBERS") =
+      static_cast<int>(ControlKind::kAddProcessSetOfMembers);
 
   BindWaits(m);
   BindStore(m);

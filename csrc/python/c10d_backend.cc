@@ -6,7 +6,11 @@
 //
 // Naming: the runtime matches ops across ranks by name. A c10d call has none; every
 // rank issues the group's calls in the same order, so the n-th call is named by its
-// kind and n (NameFor()).
+// group, its kind and n (NameFor()).
+//
+// Groups: the default group runs on the runtime's global process set; a group over a
+// subset of ranks (new_group) on a process set that its members registered when torch
+// created it (horovod_torch/integrations/torch_distributed.py).
 //
 // Completion: c10d_work.h.
 #include "python/c10d_backend.h"
@@ -14,6 +18,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <algorithm>
+#include <map>
 
 #include "common/thread_annotations.h"
 #include "python/c10d_work.h"
@@ -61,8 +66,12 @@ void CopyRows(const at::Tensor& gathered, const std::vector<at::Tensor>& outs) {
 
 class HvdBackend : public c10d::Backend {
  public:
-  HvdBackend(int rank, int size, std::chrono::milliseconds timeout)
-      : c10d::Backend(rank, size), timeout_(timeout) {}
+  HvdBackend(int rank, int size, std::chrono::milliseconds timeout, int32_t process_set_id,
+             std::string group)
+      : c10d::Backend(rank, size),
+        timeout_(timeout),
+        process_set_id_(process_set_id),
+        prefix_("c10d." + group + ".") {}
   const std::string getBackendName() const override { return "hvd"; }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
@@ -294,15 +303,29 @@ class HvdBackend : public c10d::Backend {
                });
   }
 
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
+    return PointToPoint(c10d::OpType::SEND, "send", tensors, getRank(), dst, tag);
+  }
+
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
+    return PointToPoint(c10d::OpType::RECV, "recv", tensors, src, getRank(), tag);
+  }
+
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>&, int) override {
+    Fail("recv from any source (src=None) is not supported; name the sending rank");
+  }
+
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
     ControlOp barrier;
     barrier.kind = ControlKind::kBarrier;
-    return Run(c10d::OpType::BARRIER, "barrier", {ControlSubmission(barrier, "", 0)}, {}, nullptr);
+    return Run(c10d::OpType::BARRIER, "barrier", {ControlSubmission(barrier, "", process_set_id_)},
+               {}, nullptr);
   }
 
  private:
   Submission Sub(OpType type, at::Tensor input) const {
     Submission s;
+    s.process_set_id = process_set_id_;
     s.request.type = type;
     s.input = std::move(input);
     return s;
@@ -378,19 +401,41 @@ class HvdBackend : public c10d::Backend {
     });
   }
 
+  // A send from group rank `from` to `to`: a broadcast in which only these two take
+  // part. The k-th send from `from` to `to` with `tag` meets the k-th such recv, as in
+  // MPI; the engine runs both at the same point of its op order on the two ranks.
+  c10::intrusive_ptr<c10d::Work> PointToPoint(c10d::OpType type, const char* what,
+                                              std::vector<at::Tensor>& tensors, int from, int to,
+                                              int tag) {
+    if (tensors.size() != 1) Fail(std::string(what) + " takes one tensor");
+    CheckDense(tensors[0], what);
+    if (from == to || from < 0 || to < 0 || from >= getSize() || to >= getSize()) {
+      Fail(std::string(what) + ": the peer must be another rank of the group (got " +
+           std::to_string(getRank() == from ? to : from) + ")");
+    }
+    Submission s = Sub(OpType::kBroadcast, tensors[0].view({-1}));
+    s.output = s.input;
+    s.request.root = from;
+    s.request.participants = {std::min(from, to), std::max(from, to)};
+    return Run(
+        type, what, {std::move(s)}, tensors, nullptr,
+        "p2p." + std::to_string(from) + "." + std::to_string(to) + "." + std::to_string(tag));
+  }
+
   // The name of the next op of kind `what`: the kind and a count, as hvd names its
   // unnamed ops. Every rank issues the group's calls in the same order, so the n-th
   // call has one name everywhere, and a call whose tensors differ between ranks (a
   // shape, a dtype) fails with the coordinator's mismatch error instead of waiting for
   // a name that never comes.
   std::string NameFor(const char* what) HVD_REQUIRES(mu_) {
-    return std::string("c10d.") + what + "." + std::to_string(calls_++);
+    return prefix_ + what + "." + std::to_string(calls_++);
   }
 
   // Submits `subs` (one op each; several: an atomic group) and returns their Work.
+  // `p2p`: a send/recv's sender, receiver and tag, which number its names instead.
   c10::intrusive_ptr<c10d::Work> Run(c10d::OpType type, const char* what,
                                      std::vector<Submission> subs, std::vector<at::Tensor> outputs,
-                                     Finish finish) {
+                                     Finish finish, const std::string& p2p = "") {
     auto call = std::make_shared<CallState>();
     call->what = what;
     call->outputs = std::move(outputs);
@@ -407,7 +452,8 @@ class HvdBackend : public c10d::Backend {
       MutexLock lock(mu_);
       std::vector<std::string> names;
       for (auto& s : subs) {
-        s.request.name = NameFor(what);
+        s.request.name =
+            p2p.empty() ? NameFor(what) : prefix_ + p2p + "." + std::to_string(p2p_calls_[p2p]++);
         names.push_back(s.request.name);
       }
       if (subs.size() > 1) {
@@ -426,8 +472,11 @@ class HvdBackend : public c10d::Backend {
   }
 
   const std::chrono::milliseconds timeout_;
+  const int32_t process_set_id_;  // 0: the global set
+  const std::string prefix_;      // "c10d.<torch's group name>.": groups sharing a set differ
   Mutex mu_;  // one call at a time: every rank must name its calls in the same order
   uint64_t calls_ HVD_GUARDED_BY(mu_) = 0;
+  std::map<std::string, uint64_t> p2p_calls_ HVD_GUARDED_BY(mu_);  // by sender, receiver, tag
 };
 
 }  // namespace
@@ -435,11 +484,14 @@ class HvdBackend : public c10d::Backend {
 void BindC10dBackend(pybind11::module_& m) {
   m.def(
       "c10d_backend",
-      [](int rank, int size, double timeout_s) -> c10::intrusive_ptr<c10d::Backend> {
+      [](int rank, int size, double timeout_s, int process_set_id,
+         const std::string& group) -> c10::intrusive_ptr<c10d::Backend> {
         return c10::make_intrusive<HvdBackend>(
-            rank, size, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+            rank, size, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)),
+            process_set_id, group);
       },
-      pybind11::arg("rank"), pybind11::arg("size"), pybind11::arg("timeout_s"));
+      pybind11::arg("rank"), pybind11::arg("size"), pybind11::arg("timeout_s"),
+      pybind11::arg("process_set_id"), pybind11::arg("group"));
 }
 
 }  // namespace hvd

@@ -258,6 +258,12 @@ Status TcpTransport::Broadcast(void* buf, size_t bytes, int root) {
   return BruckAllgather(p, off, seg, root);
 }
 
+Status TcpTransport::Transfer(void* buf, size_t bytes, int from, int to) {
+  if (bytes == 0 || from == to) return Status::Ok();
+  std::vector<Xfer> xs{{rank_ == from ? to : from, rank_ == from, static_cast<char*>(buf), bytes}};
+  return Run(xs);
+}
+
 Status TcpTransport::Alltoallv(const void* send, const std::vector<size_t>& send_bytes, void* recv,
                                const std::vector<size_t>& recv_bytes) {
   std::vector<size_t> soff = Offsets(send_bytes), roff = Offsets(recv_bytes);

@@ -86,6 +86,7 @@ class TcpTransport : public Communicator {
   Status Allreduce(void* buf, size_t count, DataType dtype, ReduceOp op) override;
   Status Allgatherv(const void* send, void* recv, const std::vector<size_t>& bytes) override;
   Status Broadcast(void* buf, size_t bytes, int root) override;
+  Status Transfer(void* buf, size_t bytes, int from, int to) override;
   Status Alltoallv(const void* send, const std::vector<size_t>& send_bytes, void* recv,
                    const std::vector<size_t>& recv_bytes) override;
   Status Reducescatter(void* buf, const std::vector<size_t>& counts, DataType dtype, ReduceOp op,

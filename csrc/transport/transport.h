@@ -75,6 +75,9 @@ class Collectives {
   // recv gets every rank's block in rank order; bytes[r] is rank r's block size.
   virtual Status Allgatherv(const void* send, void* recv, const std::vector<size_t>& bytes) = 0;
   virtual Status Broadcast(void* buf, size_t bytes, int root) = 0;
+  // Point to point: rank `from` sends `bytes` of buf to rank `to`, which receives them
+  // into buf; only these two ranks call it.
+  virtual Status Transfer(void* buf, size_t bytes, int from, int to) = 0;
   // send holds send_bytes[r] bytes for each rank r in order; recv gets recv_bytes[r]
   // bytes from each rank r in order.
   virtual Status Alltoallv(const void* send, const std::vector<size_t>& send_bytes, void* recv,

@@ -41,6 +41,7 @@ void Put(Writer& w, const Request& r) {
   w.I64(r.group_id);
   w.I32(r.group_size);
   w.I32(r.device);
+  w.I64s(r.participants);
   Put(w, r.control);
 }
 
@@ -59,6 +60,7 @@ Request GetRequest(Reader& rd) {
   r.group_id = rd.I64();
   r.group_size = rd.I32();
   r.device = rd.I32();
+  r.participants = rd.I64s();
   r.control = GetControl(rd);
   return r;
 }
@@ -76,6 +78,7 @@ void Put(Writer& w, const Response& r) {
   w.I64s(r.rank_rows);
   w.I64(r.group_id);
   w.Bool(r.on_gpu);
+  w.I64s(r.participants);
   Put(w, r.control);
 }
 
@@ -93,6 +96,7 @@ Response GetResponse(Reader& rd) {
   r.rank_rows = rd.I64s();
   r.group_id = rd.I64();
   r.on_gpu = rd.Bool();
+  r.participants = rd.I64s();
   r.control = GetControl(rd);
   return r;
 }
@@ -104,7 +108,7 @@ bool ValidEnums(const Message& m) {
   return static_cast<uint8_t>(m.type) <= static_cast<uint8_t>(OpType::kControl) &&
          static_cast<int>(m.dtype) < kNumDataTypes && static_cast<int>(m.op) < kNumReduceOps &&
          static_cast<uint8_t>(m.control.kind) <=
-             static_cast<uint8_t>(ControlKind::kRemoveProcessSet) &&
+             static_cast<uint8_t>(ControlKind::kAddProcessSetOfMembers) &&
          control == (m.control.kind != ControlKind::kNone);
 }
 
@@ -147,6 +151,8 @@ const char* ControlKindName(ControlKind k) {
       return "add_process_set";
     case ControlKind::kRemoveProcessSet:
       return "remove_process_set";
+    case ControlKind::kAddProcessSetOfMembers:
+      return "add_process_set_of_members";
   }
   return "unknown";
 }

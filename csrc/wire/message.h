@@ -32,13 +32,18 @@ enum class ControlKind : uint8_t {
   // it at the same point of its op sequence.
   kAddProcessSet = 3,
   kRemoveProcessSet = 4,
+  // Register a process set that only its members submit (torch.distributed's
+  // new_group: torch creates a group's backend on its members only). Ready once every
+  // member submitted it; every rank then applies it at that point, as kAddProcessSet.
+  // A set of exactly these ranks that already exists is shared instead.
+  kAddProcessSetOfMembers = 5,
 };
 
 // A control operation: negotiated by name like a collective (every rank of its set
 // submits it, in the same order), with fields of its own.
 struct ControlOp {
   ControlKind kind = ControlKind::kNone;
-  std::vector<int64_t> ranks;  // kAddProcessSet: the new set's global ranks, ascending
+  std::vector<int64_t> ranks;  // kAddProcessSet(OfMembers): the set's global ranks, ascending
   int32_t process_set = 0;     // kRemoveProcessSet: the set's id
   int32_t last_joined = -1;    // kJoin, in the response: the last rank to join
 
@@ -72,7 +77,11 @@ struct Request {
   int64_t group_id = 0;         // 0: not grouped; else every member must be ready
   int32_t group_size = 0;
   int32_t device = -1;  // -1: CPU tensor; else the CUDA device index
-  ControlOp control;    // kControl only
+  // Empty: every rank of the process set takes part. Else the set ranks that do,
+  // ascending; the op is ready once each of them submitted it, and the others skip it.
+  // A broadcast between two ranks is a send from its root to the other (c10d send/recv).
+  std::vector<int64_t> participants;
+  ControlOp control;  // kControl only
 
   // Everything except `rank`: two ranks' requests for one name must have equal
   // signatures for the cache to treat them as a repeat.
@@ -109,8 +118,9 @@ struct Response {
   std::vector<int64_t> rank_rows;  // allgather: dim 0 per rank; alltoall: size x size splits;
                                    // reducescatter: rows per rank (empty: even)
   int64_t group_id = 0;
-  bool on_gpu = false;  // CUDA tensors: run by the GPU backend
-  ControlOp control;    // kControl only
+  bool on_gpu = false;                // CUDA tensors: run by the GPU backend
+  std::vector<int64_t> participants;  // as the Request's
+  ControlOp control;                  // kControl only
 };
 
 // The coordinator's straggler measurement (core/straggler.h), sent to every rank:

@@ -13,6 +13,12 @@ created:
   rank 0 starts the engine's rendezvous store and publishes its address and a fresh
   secret, and the engine it starts belongs to the backend: destroying the group and
   creating a new one (say, with the survivors of a failure) starts a new engine.
+
+A group over a subset of ranks (``new_group(ranks=...)``, a device mesh's dimensions)
+runs on a process set of that engine, which its members register when torch creates
+the group (torch creates it on its members only; the engine's other ranks learn of it
+through the global set, so that every rank's registry stays the same). Groups of the
+same ranks share one set.
 """
 import secrets
 import socket
@@ -24,6 +30,7 @@ import torch.distributed as dist
 
 from horovod_torch.engine import extension as _ext, basics, rendezvous
 from horovod_torch.common import launch_env
+from horovod_torch.collectives.submit import _submit_control, synchronize
 
 NAME = "hvd"
 _KEY = "horovod_torch/c10d"  # the keys this module writes in the group's store
@@ -82,15 +89,36 @@ def _start_through_store(store, rank: int, size: int) -> None:
                 store.delete_key(key)
 
 
+def _subgroup_set(ranks: List[int], group: str) -> int:
+    """The id of the engine's process set for torch's group of global `ranks` (this rank
+    is one): registered by the group's members, or the set of those ranks already there."""
+    if not _ext._C.running():
+        raise ValueError(
+            f"hvd backend: the group over ranks {ranks} runs on the engine of the whole job, "
+            "which is not running: create the default group with init_process_group(\"hvd\") "
+            "or call hvd.init() first (docs/torch_distributed.md)")
+    if (dist.get_rank(), dist.get_world_size()) != (basics.rank(), basics.size()):
+        raise ValueError(
+            f"hvd backend: torch's default group (rank {dist.get_rank()} of "
+            f"{dist.get_world_size()}) is not hvd's world (rank {basics.rank()} of "
+            f"{basics.size()}), so its ranks {ranks} do not name the engine's ranks")
+    if ranks != sorted(ranks):
+        raise ValueError(f"hvd backend: a group's ranks must be in ascending order, got {ranks} "
+                         "(new_group sorts them unless told not to)")
+    handle = _submit_control(_ext._C.CONTROL_ADD_PROCESS_SET_OF_MEMBERS,
+                             f"c10d.{group}.new_group", ranks=ranks)
+    return int(synchronize(handle)[0])
+
+
 def _create(opts, _backend_options):
     """torch.distributed calls this on each rank of a new "hvd" group."""
     global _owned, _server
     rank, size = opts.group_rank, opts.group_size
     ranks = list(opts.global_ranks_in_group or range(size))
-    if ranks != list(range(size)) or (dist.is_initialized() and size != dist.get_world_size()):
-        raise ValueError(
-            "hvd backend: a group over a subset of ranks (new_group(ranks=...)) is not "
-            "supported yet; create it with backend=\"gloo\" (docs/torch_distributed.md)")
+    group = str(opts.group_id)
+    if dist.is_initialized() and (ranks != list(range(size)) or size != dist.get_world_size()):
+        return _ext._C.c10d_backend(rank, size, opts.timeout.total_seconds(),
+                                    _subgroup_set(ranks, group), group)
     with _lock:
         if _ext._C.running() and _owned and not dist.is_initialized():
             # A new default group: the one whose engine this is was destroyed.
@@ -105,7 +133,7 @@ def _create(opts, _backend_options):
                 f"hvd backend: this group (rank {rank} of {size}, global ranks {ranks}) is not "
                 f"hvd's world (rank {basics.rank()} of {basics.size()}); only the whole world "
                 "is supported yet")
-    return _ext._C.c10d_backend(rank, size, opts.timeout.total_seconds())
+    return _ext._C.c10d_backend(rank, size, opts.timeout.total_seconds(), 0, group)
 
 
 def register() -> None:

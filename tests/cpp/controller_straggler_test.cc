@@ -62,7 +62,9 @@ TEST(ControllerStragglers, ManyRanksNameTheRankBehindInTheSteadyState) {
   ASSERT_EQ(static_cast<int>(rep.ranks.size()), n);
   EXPECT_EQ(rep.straggler, n - 2);
   EXPECT_GE(rep.samples, 16);
-  EXPECT_DOUBLE_EQ(rep.ranks[n - 2].last_share, 1.0);
+  // Last in (nearly) every sample: on a loaded 2-core host another of the 66 threads
+  // is now and then descheduled long enough to be behind once.
+  EXPECT_GE(rep.ranks[n - 2].last_share, 0.9);
   EXPECT_GE(rep.ranks[n - 2].median_s, 0.015);  // three cycles of at least 5 ms
   EXPECT_EQ(rep.ranks[0].median_s, 0);
 }

@@ -283,8 +283,8 @@ std::vector<uint64_t> RandomBits(Rng& rng) {
 ControlOp RandomControl(Rng& rng, OpType type) {
   ControlOp c;
   if (type != OpType::kControl) return c;
-  c.kind =
-      static_cast<ControlKind>(1 + Below(rng, static_cast<int>(ControlKind::kRemoveProcessSet)));
+  c.kind = static_cast<ControlKind>(
+      1 + Below(rng, static_cast<int>(ControlKind::kAddProcessSetOfMembers)));
   c.ranks = RandomI64s(rng);
   c.process_set = RandomI32(rng);
   c.last_joined = RandomI32(rng);
@@ -306,6 +306,7 @@ Request RandomRequest(Rng& rng) {
   r.group_id = RandomI64(rng);
   r.group_size = RandomI32(rng);
   r.device = RandomI32(rng);
+  r.participants = RandomI64s(rng);
   r.control = RandomControl(rng, r.type);
   return r;
 }
@@ -337,6 +338,7 @@ Response RandomResponse(Rng& rng) {
   r.rank_rows = RandomI64s(rng);
   r.group_id = RandomI64(rng);
   r.on_gpu = OneIn(rng, 2);
+  r.participants = RandomI64s(rng);
   r.control = RandomControl(rng, r.type);
   return r;
 }

@@ -28,6 +28,7 @@ Request FullRequest(int rank, const std::string& name) {
   r.group_id = 0x0123456789abcdefLL;
   r.group_size = 17;
   r.device = 3;
+  r.participants = {0, 5};
   return r;
 }
 
@@ -47,6 +48,7 @@ Response FullResponse(const std::string& name) {
   r.rank_rows = {9, 8, 7, 6, 0};
   r.group_id = -5;
   r.on_gpu = true;
+  r.participants = {1, 2};
   return r;
 }
 
@@ -64,6 +66,7 @@ void ExpectEq(const Request& a, const Request& b) {
   EXPECT_EQ(a.group_id, b.group_id);
   EXPECT_EQ(a.group_size, b.group_size);
   EXPECT_EQ(a.device, b.device);
+  EXPECT_EQ(a.participants, b.participants);
 }
 
 void ExpectEq(const Response& a, const Response& b) {
@@ -79,6 +82,7 @@ void ExpectEq(const Response& a, const Response& b) {
   EXPECT_EQ(a.rank_rows, b.rank_rows);
   EXPECT_EQ(a.group_id, b.group_id);
   EXPECT_EQ(a.on_gpu, b.on_gpu);
+  EXPECT_EQ(a.participants, b.participants);
 }
 
 RequestList SampleRequestList() {
@@ -418,6 +422,7 @@ TEST(Message, OpTypeNames) {
   EXPECT_STREQ(ControlKindName(ControlKind::kJoin), "join");
   EXPECT_STREQ(ControlKindName(ControlKind::kAddProcessSet), "add_process_set");
   EXPECT_STREQ(ControlKindName(ControlKind::kRemoveProcessSet), "remove_process_set");
+  EXPECT_STREQ(ControlKindName(ControlKind::kAddProcessSetOfMembers), "add_process_set_of_members");
   Request r;
   r.type = OpType::kControl;
   r.control.kind = ControlKind::kJoin;

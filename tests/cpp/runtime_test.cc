@@ -407,6 +407,83 @@ TEST(RuntimeTest, LocalChecksRefuseBeforeQueuing) {
   });
 }
 
+// send/recv: a broadcast in which two ranks take part. It is ready once both
+// submitted it, runs on them only (rank 1 never submits it and goes on with its own
+// ops), and sends from the root to the other. Transfers cross in both directions at
+// once; a non-participant cannot submit one.
+TEST(RuntimeTest, PointToPointRunsOnItsTwoRanksOnly) {
+  Watchdog dog(60, "PointToPointRunsOnItsTwoRanksOnly");
+  Job job;
+  HVD_ASSERT_OK(job.Start(3));
+  auto p2p = [](const std::string& name, at::Tensor t, int from, int to) {
+    Submission s = Op(OpType::kBroadcast, name, t);
+    s.output = t;
+    s.request.root = from;
+    s.request.participants = {std::min(from, to), std::max(from, to)};
+    return s;
+  };
+  RunRanks(3, [&](int r) {
+    Runtime& rt = *job.rt[r];
+    if (r == 1) {
+      std::vector<std::shared_ptr<HandleState>> none;
+      Status st = rt.Submit({p2p("not_mine", at::ones({2}), 0, 2)}, &none);
+      EXPECT_FALSE(st.ok());
+    } else {
+      // Both directions at once: 0 -> 2 and 2 -> 0.
+      at::Tensor out = at::full({4}, static_cast<double>(r + 1));
+      at::Tensor in = at::zeros({4});
+      HVD_ASSERT_OK(RunOps(
+          rt, {p2p(r == 0 ? "a" : "b", out, r, 2 - r), p2p(r == 0 ? "b" : "a", in, 2 - r, r)}));
+      EXPECT_TRUE(at::equal(in, at::full({4}, static_cast<double>(3 - r))));   // the other's
+      EXPECT_TRUE(at::equal(out, at::full({4}, static_cast<double>(r + 1))));  // unchanged
+    }
+    at::Tensor t = at::ones({2});
+    HVD_EXPECT_OK(RunOne(rt, Allreduce("after", t)));
+    EXPECT_TRUE(at::equal(t, at::full({2}, 3.0)));
+  });
+}
+
+// torch.distributed's new_group: only a set's members submit its registration (the
+// backend exists on them only); every rank applies it, so the ids stay equal, and a
+// set of the same ranks is shared. A non-member cannot submit it.
+TEST(RuntimeTest, ProcessSetOfMembersIsRegisteredEverywhere) {
+  Watchdog dog(60, "ProcessSetOfMembersIsRegisteredEverywhere");
+  Job job;
+  HVD_ASSERT_OK(job.Start(3));
+  RunRanks(3, [&](int r) {
+    Runtime& rt = *job.rt[r];
+    auto of_members = [](const std::string& name, std::vector<int64_t> ranks) {
+      Submission s = Control(ControlKind::kAddProcessSetOfMembers, name);
+      s.request.control.ranks = std::move(ranks);
+      return s;
+    };
+    if (r == 1) {
+      std::vector<std::shared_ptr<HandleState>> none;
+      Status st = rt.Submit({of_members("not_mine", {0, 2})}, &none);
+      EXPECT_TRUE(Contains(st.message(), "only members submit it")) << st.message();
+      // Rank 1 waits in an op of the global set meanwhile: the set is added beside it.
+      at::Tensor t = at::ones({2});
+      HVD_EXPECT_OK(RunOne(rt, Allreduce("meanwhile", t)));
+    } else {
+      std::shared_ptr<HandleState> h;
+      HVD_ASSERT_OK(RunOne(rt, of_members("ends", {0, 2}), &h));
+      EXPECT_EQ(h->output().item<int>(), 1);
+      at::Tensor t = at::full({3}, static_cast<double>(r + 1));
+      Submission in_set = Allreduce("in_set", t);
+      in_set.process_set_id = 1;
+      HVD_EXPECT_OK(RunOne(rt, in_set));
+      EXPECT_TRUE(at::equal(t, at::full({3}, 4.0)));  // ranks 0 and 2: 1 + 3
+      // A second group of the same ranks shares the set.
+      HVD_ASSERT_OK(RunOne(rt, of_members("ends_again", {0, 2}), &h));
+      EXPECT_EQ(h->output().item<int>(), 1);
+      at::Tensor u = at::ones({2});
+      HVD_EXPECT_OK(RunOne(rt, Allreduce("meanwhile", u)));
+    }
+    EXPECT_EQ(rt.process_sets().at(1), (std::vector<int>{0, 2}));  // on rank 1 too
+    EXPECT_EQ(rt.process_sets().size(), 2u);
+  });
+}
+
 TEST(RuntimeTest, ProcessSetAddRunRemove) {
   Watchdog dog(60, "ProcessSetAddRunRemove");
   Job job;
