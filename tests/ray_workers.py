@@ -92,14 +92,16 @@ def _model_and_data():
     return model, x, y
 
 
-def train(steps, out_dir=None, step_sleep=0.0, elastic=True, stop_file=None):
+def train(steps, out_dir=None, step_sleep=0.0, elastic=True, stop_file=None, slow_node=None,
+          slow_s=0.0):
     """SGD on a fixed full batch, gradients averaged by the DistributedOptimizer:
     every worker computes the same gradient, so the weights after N steps are the
     same at any world size (and with any number of resets, if no committed step is
     lost or repeated). With ``out_dir`` each worker appends ``step rank size step time``
     after every commit, and ``reset rank size step time`` after each reset (the
     step it resumes from), to ``<out_dir>/<actor name>.log``. Training stops at
-    ``steps``, or on every rank at once once ``stop_file`` exists."""
+    ``steps``, or on every rank at once once ``stop_file`` exists. A worker on the Ray
+    node ``slow_node`` sleeps ``slow_s`` more per step (a straggler)."""
     import torch
 
     import horovod.torch as hvd
@@ -129,6 +131,11 @@ def train(steps, out_dir=None, step_sleep=0.0, elastic=True, stop_file=None):
                     weights=[p.detach().flatten().tolist() for p in model.parameters()])
 
     state = hvd.elastic.TorchState(model, opt, step=0)
+
+    if slow_node is not None:
+        import ray
+        if ray.get_runtime_context().get_node_id() == slow_node:
+            step_sleep += slow_s
 
     def write(kind):
         if log is not None:

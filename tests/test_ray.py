@@ -358,3 +358,49 @@ def test_elastic_cluster_node_removed_and_another_added(tmp_path):
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+@timeout(240)
+def test_elastic_straggler_policy_evict_removes_the_slow_node(tmp_path, capfd):
+    """Cluster: head (0 CPU) + node A (2 CPU) + node B (1 CPU); the worker on B is 100 ms
+    slower per step. With straggler_policy="evict" its node leaves the job; A's two
+    workers finish from the last commit, every step once (the weights of plain SGD)."""
+    from ray.cluster_utils import Cluster
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster(initialize_head=True,
+                      head_node_args=dict(num_cpus=0, include_dashboard=False))
+    try:
+        cluster.add_node(num_cpus=2)
+        node_b = cluster.add_node(num_cpus=1)
+        ray.init(address=cluster.address)
+        cluster.wait_for_nodes()
+        out_dir = tmp_path / "logs"
+        out_dir.mkdir()
+        ex = ElasticRayExecutor(ElasticRayExecutor.create_settings(
+            min_num_proc=2, max_num_proc=3, timeout_s=60, elastic_timeout=120),
+            straggler_policy="evict", straggler_evict_after=2)
+        ex.start()
+        steps = 200
+        results = ex.run(ray_workers.train, kwargs=dict(
+            steps=steps, out_dir=str(out_dir), step_sleep=0.02, slow_node=node_b.node_id,
+            slow_s=0.1))
+        assert [(r["rank"], r["size"]) for r in results] == [(0, 2), (1, 2)], results
+        for r in results:
+            assert r["step"] == steps
+            _assert_weights(r["weights"], _local_sgd(steps))
+        logs = _read_logs(str(out_dir))
+        at_3 = [r[3] for rows in logs.values() for r in rows if r[0] == "step" and r[2] == 3]
+        assert at_3 and max(at_3) < steps, "the job did not run at 3 workers, then at 2"
+        out = capfd.readouterr()
+        assert f"evicting host {node_b.node_id}" in out.out + out.err, out.err[-3000:]
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def test_elastic_straggler_options_are_validated():
+    with pytest.raises(ValueError, match="straggler_policy"):
+        ElasticRayExecutor(straggler_policy="kick")
+    with pytest.raises(ValueError, match="straggler_evict_after"):
+        ElasticRayExecutor(straggler_policy="evict", straggler_evict_after=0)

@@ -221,6 +221,12 @@ class ElasticRayExecutor:
             returning ``{node_id: slots}``).
         min_workers, max_workers, reset_limit, cooldown_range, elastic_timeout:
             override the settings' values (the names RayExecutor takes).
+        straggler_policy: "report" (default): a persistent straggler is named in the
+            log and ``hvd.straggler_report()``; "evict": its Ray node is also removed
+            from the job as a failed node is (back after the cool-down), never below
+            ``min_workers`` (horovodrun's ``--straggler-policy``).
+        straggler_evict_after: with "evict", seconds the same rank must stay named a
+            straggler before its node is evicted (default 30).
     """
 
     @staticmethod
@@ -250,7 +256,9 @@ class ElasticRayExecutor:
                  cooldown_range: Optional[Sequence[float]] = None,
                  elastic_timeout: Optional[float] = None,
                  cpus_per_worker: Optional[float] = None,
-                 gpus_per_worker: Optional[float] = None) -> None:
+                 gpus_per_worker: Optional[float] = None,
+                 straggler_policy: str = "report",
+                 straggler_evict_after: float = 30.0) -> None:
         settings = settings if settings is not None else ElasticRayExecutor.create_settings()
         if cpus_per_worker is not None:
             cpus_per_slot = cpus_per_worker
@@ -291,6 +299,14 @@ class ElasticRayExecutor:
                              f"{self.reset_limit}")
         if self.cooldown_range and not 0 <= self.cooldown_range[0] <= self.cooldown_range[1]:
             raise ValueError(f"cooldown_range needs 0 <= lo <= hi: got {self.cooldown_range}")
+        if straggler_policy not in ("report", "evict"):
+            raise ValueError(f"straggler_policy must be \"report\" or \"evict\": got "
+                             f"{straggler_policy!r}")
+        if not straggler_evict_after > 0:
+            raise ValueError(f"straggler_evict_after must be > 0 seconds: got "
+                             f"{straggler_evict_after}")
+        self.straggler_policy = straggler_policy
+        self.straggler_evict_after = float(straggler_evict_after)
         discovery = getattr(settings, "discovery", None)
         if override_discovery or discovery is None:
             discovery = RayHostDiscovery(use_gpu=use_gpu, cpus_per_slot=cpus_per_slot,
@@ -382,6 +398,7 @@ class ElasticRayExecutor:
             discover=self._discover,
             reset_limit=int(self.reset_limit) if self.reset_limit is not None else None,
             cooldown=self.cooldown_range, elastic_timeout=self.elastic_timeout,
+            evict_stragglers=self.straggler_policy == "evict",
             verbose=int(setting(self.settings, "verbose", 1) or 0) >= 2,
             start_timeout=float(setting(self.settings, "timeout_s", 30)))
 
@@ -403,6 +420,8 @@ class ElasticRayExecutor:
                 env = store.env(slot, max(start_timeout, self.elastic_timeout))
                 env.update({"HOROVOD_ELASTIC": "1", "HOROVOD_ELASTIC_WORKER_ID": worker_id,
                             "HOROVOD_ELASTIC_TIMEOUT": str(self.elastic_timeout)})
+                if self.straggler_policy == "evict":
+                    env["HOROVOD_STRAGGLER_EVICT_AFTER"] = str(self.straggler_evict_after)
                 env.update({str(k): str(v) for k, v in self.env_vars.items()})
                 return env
 
