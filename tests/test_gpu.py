@@ -244,5 +244,5 @@ def test_torch_distributed_fsdp2_matches_one_gpu():
     results = _run("tests.torch_distributed_workers:fsdp2", 2, ["cuda"], env=GPU_ENV,
                    timeout=240)
     for r in results:
-        m = re.search(r"FSDP2 rank=\d+ size=\d+ diff=(\S+)", r.output)
+        m = re.search(r"FSDP2 rank=\d+ size=\d+ replicas=1 diff=(\S+)", r.output)
         assert m and float(m.group(1)) < 1e-4, r.output

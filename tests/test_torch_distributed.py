@@ -69,7 +69,15 @@ def test_ddp_trains_as_on_gloo(size):
 def test_fsdp2_matches_one_process(size):
     results = _run("tests.torch_distributed_workers:fsdp2", size, timeout=180)
     for r in results:
-        m = re.search(r"FSDP2 rank=\d+ size=\d+ diff=(\S+)", r.output)
+        m = re.search(r"FSDP2 rank=\d+ size=\d+ replicas=1 diff=(\S+)", r.output)
+        assert m, describe(results)
+        assert float(m.group(1)) < 1e-4, describe(results)
+
+
+def test_fsdp2_hsdp_on_a_2d_device_mesh_matches_one_process():
+    results = _run("tests.torch_distributed_workers:fsdp2", 4, ["cpu", "10", "2"], timeout=240)
+    for r in results:
+        m = re.search(r"FSDP2 rank=\d+ size=4 replicas=2 diff=(\S+)", r.output)
         assert m, describe(results)
         assert float(m.group(1)) < 1e-4, describe(results)
 
@@ -149,3 +157,10 @@ def test_send_and_recv_between_two_ranks(size):
         assert f"OK rank={r.rank}" in r.output, describe(results)
     for r in results[:2]:
         assert re.search(rf"MISMATCH rank={r.rank} \w+: .*Mismatched", r.output), describe(results)
+
+
+def test_a_rank_that_exits_early_leaves_the_others_groups_running():
+    results = _run("tests.torch_distributed_workers:early_exit", 3, timeout=90)
+    assert "OK rank=2 exiting" in results[2].output, describe(results)
+    for r in results[:2]:
+        assert re.search(rf"OK rank={r.rank} calls=\d+", r.output), describe(results)

@@ -335,6 +335,26 @@ def _check_p2p(rank: int, size: int) -> None:
     dist.barrier()
 
 
+def early_exit() -> None:
+    """The last rank is done at once and exits while ranks 0 and 1 go on in their group
+    for a while: the engine waits for them (it stops when every rank is done)."""
+    rank, size = _init()
+    pair = dist.new_group(ranks=[0, 1])
+    if rank >= 2:
+        dist.destroy_process_group()
+        print(f"OK rank={rank} exiting", flush=True)
+        return
+    n = 0
+    for _ in range(40):  # about 2 s
+        x = torch.ones(3)
+        dist.all_reduce(x, group=pair)
+        _same(x, torch.full((3,), 2.0), "pair after the others left")
+        n += 1
+        time.sleep(0.05)
+    dist.destroy_process_group()
+    print(f"OK rank={rank} calls={n}", flush=True)
+
+
 def subgroup_stall() -> None:
     """The last rank comes late to new_group([0, last]): the stall report names it, and
     not the ranks outside the group, as missing."""
@@ -403,13 +423,18 @@ def ddp(device: str = "cpu", steps: str = "20") -> None:
     dist.destroy_process_group()
 
 
-def fsdp2(device: str = "cpu", steps: str = "10") -> None:
+def fsdp2(device: str = "cpu", steps: str = "10", replicas: str = "1") -> None:
     """A small transformer under FSDP2's fully_shard on "hvd" against the same model
-    trained in this process alone on the whole batch: equal within rounding."""
+    trained in this process alone on the whole batch: equal within rounding. With
+    `replicas` > 1, HSDP: a 2-D device mesh (replicas x size / replicas), parameters
+    sharded within a row and replicated across rows (the mesh's dimensions are groups
+    over subsets of the ranks)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     rank, size = _init(device)
-    mesh = init_device_mesh(device, (size,))
+    rows = int(replicas)
+    mesh = init_device_mesh(device, (size,)) if rows == 1 else init_device_mesh(
+        device, (rows, size // rows), mesh_dim_names=("replicate", "shard"))
 
     def model():
         torch.manual_seed(0)
@@ -441,7 +466,7 @@ def fsdp2(device: str = "cpu", steps: str = "10") -> None:
     for (name, p_ref), p in zip(ref.named_parameters(), sharded.parameters()):
         full = p.full_tensor()
         diff = max(diff, (full - p_ref).abs().max().item())
-    print(f"FSDP2 rank={rank} size={size} diff={diff!r}", flush=True)
+    print(f"FSDP2 rank={rank} size={size} replicas={rows} diff={diff!r}", flush=True)
     dist.destroy_process_group()
 
 

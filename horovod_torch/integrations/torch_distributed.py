@@ -19,10 +19,17 @@ runs on a process set of that engine, which its members register when torch crea
 the group (torch creates it on its members only; the engine's other ranks learn of it
 through the global set, so that every rank's registry stays the same). Groups of the
 same ranks share one set.
+An engine the backend started outlives each rank's own work: at exit a rank waits (up to
+the default group's timeout) until every rank has exited or destroyed its groups, since
+the others' groups still negotiate through it. Without that wait, the first rank to
+finish (say, one replica of an HSDP mesh) would stop the engine under ranks whose groups
+are still running.
 """
+import atexit
 import secrets
 import socket
 import threading
+import time
 from typing import List
 
 import torch  # noqa: F401  (loads libtorch before the extension)
@@ -30,13 +37,15 @@ import torch.distributed as dist
 
 from horovod_torch.engine import extension as _ext, basics, rendezvous
 from horovod_torch.common import launch_env
-from horovod_torch.collectives.submit import _submit_control, synchronize
+from horovod_torch.collectives.submit import _submit_control, poll, synchronize
 
 NAME = "hvd"
 _KEY = "horovod_torch/c10d"  # the keys this module writes in the group's store
 _lock = threading.Lock()
 _owned = False  # the running engine was started by a backend, not by hvd.init()
 _server = None  # rank 0: the engine's rendezvous store, while its engine runs
+_exit_wait_s = 1800.0  # the default group's timeout: the longest wait at exit
+_exit_registered = False
 
 
 def _hostname() -> str:
@@ -128,12 +137,40 @@ def _create(opts, _backend_options):
             _server = None
             _start_through_store(opts.store, rank, size)
             _owned = True
+            _register_exit_wait(opts.timeout.total_seconds())
         elif (rank, size) != (basics.rank(), basics.size()):
             raise ValueError(
                 f"hvd backend: this group (rank {rank} of {size}, global ranks {ranks}) is not "
                 f"hvd's world (rank {basics.rank()} of {basics.size()}); only the whole world "
                 "is supported yet")
     return _ext._C.c10d_backend(rank, size, opts.timeout.total_seconds(), 0, group)
+
+
+def _register_exit_wait(timeout_s: float) -> None:
+    """Registers _wait_for_every_rank once, after the engine's own atexit shutdown, so
+    that it runs before it."""
+    global _exit_registered, _exit_wait_s
+    _exit_wait_s = timeout_s
+    if not _exit_registered:
+        atexit.register(_wait_for_every_rank)
+        _exit_registered = True
+
+
+def _wait_for_every_rank() -> None:
+    """At exit, for an engine this module started: a barrier of the global set, so that
+    the engine stops when every rank is done rather than when the first one is (the
+    module doc). A failed engine (a peer died) ends the wait at once."""
+    if not (_owned and _ext._C.running()):
+        return
+    try:
+        handle = _submit_control(_ext._C.CONTROL_BARRIER, "c10d.exit")
+        deadline = time.monotonic() + _exit_wait_s
+        while not poll(handle) and time.monotonic() < deadline and _ext._C.running():
+            time.sleep(0.02)
+        if poll(handle):
+            synchronize(handle)
+    except Exception:  # noqa: BLE001  (exiting: the shutdown that follows reports it)
+        pass
 
 
 def register() -> None:
