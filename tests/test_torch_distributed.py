@@ -164,3 +164,12 @@ def test_a_rank_that_exits_early_leaves_the_others_groups_running():
     assert "OK rank=2 exiting" in results[2].output, describe(results)
     for r in results[:2]:
         assert re.search(rf"OK rank={r.rank} calls=\d+", r.output), describe(results)
+
+
+def test_a_rank_that_crashes_fails_the_others_at_once():
+    results = _run("tests.torch_distributed_workers:crash", 3, timeout=60, expect_ok=False)
+    assert results[2].returncode != 0, describe(results)
+    for r in results[:2]:
+        m = re.search(r"FAILED rank=\d after=([\d.]+) (\w+)", r.output)
+        assert m and m.group(2) == "DistBackendError", describe(results)
+        assert float(m.group(1)) < 20, describe(results)

@@ -355,6 +355,22 @@ def early_exit() -> None:
     print(f"OK rank={rank} calls={n}", flush=True)
 
 
+def crash() -> None:
+    """The last rank raises (an unhandled exception) while the others wait for it in an
+    all_reduce: they fail at once (its exit does not wait for them, as a normal exit
+    does)."""
+    rank, size = _init()
+    dist.barrier()
+    if rank == size - 1:
+        raise RuntimeError("this rank crashes")
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(2))
+    except Exception as exc:  # noqa: BLE001  (its type is torch's)
+        print(f"FAILED rank={rank} after={time.monotonic() - t0:.1f} {type(exc).__name__}",
+              flush=True)
+
+
 def subgroup_stall() -> None:
     """The last rank comes late to new_group([0, last]): the stall report names it, and
     not the ranks outside the group, as missing."""

@@ -133,9 +133,11 @@ class Controller {
     std::chrono::steady_clock::time_point since;
     std::vector<std::chrono::steady_clock::time_point> arrived;  // per rank (straggler monitor)
   };
-  // The ranks that submit a pending name, which is ready once each of them submitted
-  // it: null for every rank; an op's participants (send/recv), an
-  // add_process_set_of_members' ranks.
+  // The ranks that submit a pending name: null for every rank; an op's participants
+  // (send/recv), an add_process_set_of_members' ranks. AllMembersIn: such a name is
+  // ready once each of them submitted it, or at once when the ranks that did disagree
+  // on who takes part (Match then fails it on them instead of waiting for a rank that
+  // will never submit it).
   static const std::vector<int64_t>* Submitters(const Pending& p);
   static bool AllMembersIn(const Pending& p);
   std::map<std::string, Pending> table_;

@@ -180,6 +180,11 @@ Response Controller::Match(const std::vector<Request>& reqs, int size) {
                     return std::string(q.device >= 0 ? "a CUDA tensor" : "a CPU tensor");
                   }));
     }
+    if (!r.participants.empty() && r.device >= 0) {  // refused here: both sides fail
+      resp.error = "send/recv of '" + a.name +
+                   "': CUDA tensors are not supported yet; send and receive a CPU copy";
+      return resp;
+    }
     if (r.dtype != a.dtype) {
       return fail("data types", Disagreement(reqs, [](const Request& q) {
                     return std::string(DataTypeName(q.dtype));
@@ -273,6 +278,13 @@ const std::vector<int64_t>* Controller::Submitters(const Pending& p) {
 bool Controller::AllMembersIn(const Pending& p) {
   const std::vector<int64_t>* members = Submitters(p);
   if (members == nullptr) return false;
+  const Request& r0 = *Submitted(p.by_rank);
+  for (const auto& q : p.by_rank) {  // they disagree on who takes part: Match says so now
+    if (!q.name.empty() &&
+        (q.participants != r0.participants || q.control.ranks != r0.control.ranks)) {
+      return true;
+    }
+  }
   for (int64_t r : *members) {
     if (r < 0 || r >= static_cast<int64_t>(p.by_rank.size()) ||
         p.by_rank[static_cast<size_t>(r)].name.empty()) {

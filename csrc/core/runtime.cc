@@ -391,25 +391,23 @@ void Runtime::FailAll(const Status& status) {
   for (auto& kv : pending) kv.second.handle->Complete(status);
 }
 
-Status Runtime::Execute(ProcessSetState& ps, const std::vector<Response>& all) {
-  // A point-to-point op runs on its two ranks; the others skip it.
+Status Runtime::Execute(ProcessSetState& ps, const std::vector<Response>& responses) {
+  // A point-to-point op runs on its two ranks; the others skip it. Its batch is one op,
+  // and the fusion plan is made of the whole list, the same on every rank.
   auto elsewhere = [me = static_cast<int64_t>(ps.comm->rank())](const Response& r) {
     const auto& p = r.participants;
     return !p.empty() && std::find(p.begin(), p.end(), me) == p.end();
   };
-  std::vector<Response> mine;
-  const bool skip = std::any_of(all.begin(), all.end(), elsewhere);
-  if (skip) std::remove_copy_if(all.begin(), all.end(), std::back_inserter(mine), elsewhere);
-  const std::vector<Response>& responses = skip ? mine : all;
   if (timeline_.active()) {
     for (const auto& r : responses) {
-      if (!r.error.empty()) continue;
+      if (!r.error.empty() || elsewhere(r)) continue;
       timeline_.OpStart(r.name, OpName(r));
       timeline_.Activity(r.name, "QUEUE");
     }
   }
   const int64_t threshold = controller_->params().fusion_threshold_bytes;
   for (const auto& batch : PlanFusion(responses, threshold, config_.disable_group_fusion != 0)) {
+    if (elsewhere(responses[batch[0]])) continue;
     std::vector<Entry> entries;
     {
       MutexLock lock(mu_);

@@ -89,10 +89,6 @@ Status Runtime::CheckLocal(const Submission& s, const std::vector<int>* set_rank
           "set, this rank one of them ('" +
           r.name + "')");
     }
-    if (s.input.defined() && s.input.is_cuda()) {
-      return Status::InvalidArgument("send/recv of '" + r.name +
-                                     "': CUDA tensors are not supported yet; send a CPU copy");
-    }
   }
   if (!s.input.defined()) return Status::InvalidArgument(std::string(op) + ": tensor is undefined");
   if (s.input.is_cuda() && gpu_ == nullptr) {

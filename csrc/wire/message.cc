@@ -5,8 +5,10 @@
 namespace hvd {
 namespace {
 
-constexpr uint32_t kRequestMagic = 0x48565251;   // "HVRQ"
-constexpr uint32_t kResponseMagic = 0x48565253;  // "HVRS"
+// The magics change with the layout (2: participants), so that ranks of different
+// builds fail on the first message instead of decoding garbage.
+constexpr uint32_t kRequestMagic = 0x48565132;   // "HVQ2"
+constexpr uint32_t kResponseMagic = 0x48565332;  // "HVS2"
 
 // A control op's fields follow its kind; a data op has only the kind (kNone).
 void Put(Writer& w, const ControlOp& c) {
@@ -225,7 +227,8 @@ std::string Encode(const ResponseList& list) {
 
 Status Decode(const std::string& bytes, RequestList* list) {
   Reader rd(bytes);
-  if (rd.U32() != kRequestMagic) return Status::Aborted("bad request-list magic from a peer");
+  if (rd.U32() != kRequestMagic)
+    return Status::Aborted("bad request-list magic from a peer (a different build?)");
   list->cache_capacity = rd.U32();
   list->shutdown = rd.Bool();
   list->ready_bits = rd.U64s();
@@ -247,7 +250,8 @@ Status Decode(const std::string& bytes, RequestList* list) {
 
 Status Decode(const std::string& bytes, ResponseList* list) {
   Reader rd(bytes);
-  if (rd.U32() != kResponseMagic) return Status::Aborted("bad response-list magic from a peer");
+  if (rd.U32() != kResponseMagic)
+    return Status::Aborted("bad response-list magic from a peer (a different build?)");
   list->shutdown = rd.Bool();
   list->shutdown_rank = list->shutdown ? rd.I32() : -1;
   list->fatal = rd.Str();

@@ -28,6 +28,7 @@ are still running.
 import atexit
 import secrets
 import socket
+import sys
 import threading
 import time
 from typing import List
@@ -98,7 +99,7 @@ def _start_through_store(store, rank: int, size: int) -> None:
                 store.delete_key(key)
 
 
-def _subgroup_set(ranks: List[int], group: str) -> int:
+def _subgroup_set(ranks: List[int], group: str, timeout_s: float) -> int:
     """The id of the engine's process set for torch's group of global `ranks` (this rank
     is one): registered by the group's members, or the set of those ranks already there."""
     if not _ext._C.running():
@@ -116,7 +117,19 @@ def _subgroup_set(ranks: List[int], group: str) -> int:
                          "(new_group sorts them unless told not to)")
     handle = _submit_control(_ext._C.CONTROL_ADD_PROCESS_SET_OF_MEMBERS,
                              f"c10d.{group}.new_group", ranks=ranks)
+    if not _wait(handle, timeout_s):
+        raise RuntimeError(
+            f"hvd backend: the group over ranks {ranks} was not created by all of them within "
+            f"its timeout ({timeout_s:g} s); every rank must call new_group, in the same order")
     return int(synchronize(handle)[0])
+
+
+def _wait(handle: int, timeout_s: float) -> bool:
+    """Waits up to timeout_s for an op (while the engine runs); True once it is done."""
+    deadline = time.monotonic() + timeout_s
+    while not poll(handle) and time.monotonic() < deadline and _ext._C.running():
+        time.sleep(0.01)
+    return poll(handle)
 
 
 def _create(opts, _backend_options):
@@ -127,7 +140,8 @@ def _create(opts, _backend_options):
     group = str(opts.group_id)
     if dist.is_initialized() and (ranks != list(range(size)) or size != dist.get_world_size()):
         return _ext._C.c10d_backend(rank, size, opts.timeout.total_seconds(),
-                                    _subgroup_set(ranks, group), group)
+                                    _subgroup_set(ranks, group, opts.timeout.total_seconds()),
+                                    group)
     with _lock:
         if _ext._C.running() and _owned and not dist.is_initialized():
             # A new default group: the one whose engine this is was destroyed.
@@ -159,15 +173,14 @@ def _register_exit_wait(timeout_s: float) -> None:
 def _wait_for_every_rank() -> None:
     """At exit, for an engine this module started: a barrier of the global set, so that
     the engine stops when every rank is done rather than when the first one is (the
-    module doc). A failed engine (a peer died) ends the wait at once."""
-    if not (_owned and _ext._C.running()):
+    module doc). A failed engine (a peer died) ends the wait at once. A process that
+    exits on an unhandled exception does not wait: its shutdown fails the others' ops
+    at once, as a crash should (sys.last_value is set before atexit handlers run)."""
+    if not (_owned and _ext._C.running()) or getattr(sys, "last_value", None) is not None:
         return
     try:
         handle = _submit_control(_ext._C.CONTROL_BARRIER, "c10d.exit")
-        deadline = time.monotonic() + _exit_wait_s
-        while not poll(handle) and time.monotonic() < deadline and _ext._C.running():
-            time.sleep(0.02)
-        if poll(handle):
+        if _wait(handle, _exit_wait_s):
             synchronize(handle)
     except Exception:  # noqa: BLE001  (exiting: the shutdown that follows reports it)
         pass

@@ -443,6 +443,38 @@ TEST(RuntimeTest, PointToPointRunsOnItsTwoRanksOnly) {
   });
 }
 
+// A send between ranks 0 and 1 that falls between two allreduces in one response list:
+// rank 2 skips it, and still batches the allreduces as ranks 0 and 1 do (one fusion
+// plan of the whole list), or the ranks would disagree on the counts they reduce.
+TEST(RuntimeTest, SkippedPointToPointLeavesTheFusionPlanAlike) {
+  Watchdog dog(60, "SkippedPointToPointLeavesTheFusionPlanAlike");
+  Job job;
+  HVD_ASSERT_OK(job.Start(3));
+  RunRanks(3, [&](int r) {
+    Runtime& rt = *job.rt[r];
+    // Large enough for the segmented algorithms, whose segments would differ.
+    at::Tensor a = at::full({300001}, static_cast<double>(r + 1));
+    at::Tensor b = at::full({500003}, static_cast<double>(10 * (r + 1)));
+    // Rank 0 comes first (the coordinator orders x1, p, x2), then rank 2, then rank 1,
+    // whose one submission makes all three ready in one cycle.
+    std::this_thread::sleep_for(std::chrono::milliseconds(r == 0 ? 0 : r == 2 ? 100 : 300));
+    std::vector<Submission> subs{Allreduce("x1", a)};
+    at::Tensor t = r == 0 ? at::full({3}, 42.0) : at::zeros({3});
+    if (r < 2) {
+      Submission p = Op(OpType::kBroadcast, "p", t);
+      p.output = t;
+      p.request.root = 0;
+      p.request.participants = {0, 1};
+      subs.push_back(p);
+    }
+    subs.push_back(Allreduce("x2", b));
+    HVD_ASSERT_OK(RunOps(rt, subs));
+    EXPECT_TRUE(at::equal(a, at::full({300001}, 6.0)));
+    EXPECT_TRUE(at::equal(b, at::full({500003}, 60.0)));
+    EXPECT_TRUE(at::equal(t, at::full({3}, r < 2 ? 42.0 : 0.0)));
+  });
+}
+
 // torch.distributed's new_group: only a set's members submit its registration (the
 // backend exists on them only); every rank applies it, so the ids stay equal, and a
 // set of the same ranks is shared. A non-member cannot submit it.
@@ -481,6 +513,15 @@ TEST(RuntimeTest, ProcessSetOfMembersIsRegisteredEverywhere) {
     }
     EXPECT_EQ(rt.process_sets().at(1), (std::vector<int>{0, 2}));  // on rank 1 too
     EXPECT_EQ(rt.process_sets().size(), 2u);
+    // Members that disagree on the ranks fail at once, not when rank 1 never comes.
+    if (r != 1) {
+      std::shared_ptr<HandleState> h;
+      Status st = RunOne(rt,
+                         of_members("disagree", r == 0 ? std::vector<int64_t>{0, 2}
+                                                       : std::vector<int64_t>{0, 1, 2}),
+                         &h);
+      EXPECT_TRUE(Contains(st.message(), "Mismatched process sets to add")) << st.message();
+    }
   });
 }
 
