@@ -6,6 +6,7 @@ Ray starts once per module (about 10-15 s on 2 cores); every test has a watchdog
 (faulthandler: a hung test prints its stacks and ends the run). Ray is told to use
 127.0.0.1 (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0), so all traffic stays on loopback.
 """
+import contextlib
 import faulthandler
 import glob
 import os
@@ -208,6 +209,26 @@ def _recovery(logs, survivors, t_event):
     return out
 
 
+@contextlib.contextmanager
+def _two_node_cluster():
+    """A ray.cluster_utils.Cluster: a head of 0 CPU (the driver), node A of 2 CPUs and
+    node B of 1 CPU, with this process connected; yields (cluster, node B)."""
+    from ray.cluster_utils import Cluster
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster(initialize_head=True,
+                      head_node_args=dict(num_cpus=0, include_dashboard=False))
+    try:
+        cluster.add_node(num_cpus=2)
+        node_b = cluster.add_node(num_cpus=1)
+        ray.init(address=cluster.address)
+        cluster.wait_for_nodes()
+        yield cluster, node_b
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
 @timeout(240)
 def test_elastic_actor_killed_survivors_continue_from_last_commit(local_ray, tmp_path):
     steps = 60
@@ -283,16 +304,7 @@ def test_elastic_cluster_node_removed_and_another_added(tmp_path):
     workers. B is removed mid-training: A's two workers go on from the last commit.
     Node C (1 CPU) is added: a new worker joins at the next commit and gets the
     state. Training stops (on every rank at once) when the stop file appears."""
-    from ray.cluster_utils import Cluster
-    if ray.is_initialized():
-        ray.shutdown()
-    cluster = Cluster(initialize_head=True,
-                      head_node_args=dict(num_cpus=0, include_dashboard=False))
-    try:
-        cluster.add_node(num_cpus=2)
-        node_b = cluster.add_node(num_cpus=1)
-        ray.init(address=cluster.address)
-        cluster.wait_for_nodes()
+    with _two_node_cluster() as (cluster, node_b):
         stop_file = tmp_path / "stop"
         out_dir = tmp_path / "logs"
         out_dir.mkdir()
@@ -355,9 +367,6 @@ def test_elastic_cluster_node_removed_and_another_added(tmp_path):
         assert len(newcomer) == 1
         print(f"[recovery] node added: add_node took {events['added'] - events['add']:.1f} s; "
               f"first step at size 3 {events['grown'] - events['added']:.1f} s after it")
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 @timeout(240)
@@ -365,16 +374,7 @@ def test_elastic_straggler_policy_evict_removes_the_slow_node(tmp_path, capfd):
     """Cluster: head (0 CPU) + node A (2 CPU) + node B (1 CPU); the worker on B is 100 ms
     slower per step. With straggler_policy="evict" its node leaves the job; A's two
     workers finish from the last commit, every step once (the weights of plain SGD)."""
-    from ray.cluster_utils import Cluster
-    if ray.is_initialized():
-        ray.shutdown()
-    cluster = Cluster(initialize_head=True,
-                      head_node_args=dict(num_cpus=0, include_dashboard=False))
-    try:
-        cluster.add_node(num_cpus=2)
-        node_b = cluster.add_node(num_cpus=1)
-        ray.init(address=cluster.address)
-        cluster.wait_for_nodes()
+    with _two_node_cluster() as (cluster, node_b):
         out_dir = tmp_path / "logs"
         out_dir.mkdir()
         ex = ElasticRayExecutor(ElasticRayExecutor.create_settings(
@@ -394,9 +394,6 @@ def test_elastic_straggler_policy_evict_removes_the_slow_node(tmp_path, capfd):
         assert at_3 and max(at_3) < steps, "the job did not run at 3 workers, then at 2"
         out = capfd.readouterr()
         assert f"evicting host {node_b.node_id}" in out.out + out.err, out.err[-3000:]
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def test_elastic_straggler_options_are_validated():

@@ -95,6 +95,15 @@ Submission Control(ControlKind kind, const std::string& name) {
   return ControlSubmission(c, name, 0);
 }
 
+// A send from `from` to `to` (a broadcast in which only they take part), in place.
+Submission PointToPoint(const std::string& name, at::Tensor t, int from, int to) {
+  Submission s = Op(OpType::kBroadcast, name, t);
+  s.output = t;
+  s.request.root = from;
+  s.request.participants = {std::min(from, to), std::max(from, to)};
+  return s;
+}
+
 Submission Allreduce(const std::string& name, at::Tensor t, ReduceOp op = ReduceOp::kSum) {
   Submission s = Op(OpType::kAllreduce, name, t, op);
   s.output = t;  // in place, as the optimizer's allreduce_
@@ -415,25 +424,18 @@ TEST(RuntimeTest, PointToPointRunsOnItsTwoRanksOnly) {
   Watchdog dog(60, "PointToPointRunsOnItsTwoRanksOnly");
   Job job;
   HVD_ASSERT_OK(job.Start(3));
-  auto p2p = [](const std::string& name, at::Tensor t, int from, int to) {
-    Submission s = Op(OpType::kBroadcast, name, t);
-    s.output = t;
-    s.request.root = from;
-    s.request.participants = {std::min(from, to), std::max(from, to)};
-    return s;
-  };
   RunRanks(3, [&](int r) {
     Runtime& rt = *job.rt[r];
     if (r == 1) {
       std::vector<std::shared_ptr<HandleState>> none;
-      Status st = rt.Submit({p2p("not_mine", at::ones({2}), 0, 2)}, &none);
+      Status st = rt.Submit({PointToPoint("not_mine", at::ones({2}), 0, 2)}, &none);
       EXPECT_FALSE(st.ok());
     } else {
       // Both directions at once: 0 -> 2 and 2 -> 0.
       at::Tensor out = at::full({4}, static_cast<double>(r + 1));
       at::Tensor in = at::zeros({4});
-      HVD_ASSERT_OK(RunOps(
-          rt, {p2p(r == 0 ? "a" : "b", out, r, 2 - r), p2p(r == 0 ? "b" : "a", in, 2 - r, r)}));
+      HVD_ASSERT_OK(RunOps(rt, {PointToPoint(r == 0 ? "a" : "b", out, r, 2 - r),
+                                PointToPoint(r == 0 ? "b" : "a", in, 2 - r, r)}));
       EXPECT_TRUE(at::equal(in, at::full({4}, static_cast<double>(3 - r))));   // the other's
       EXPECT_TRUE(at::equal(out, at::full({4}, static_cast<double>(r + 1))));  // unchanged
     }
@@ -460,13 +462,7 @@ TEST(RuntimeTest, SkippedPointToPointLeavesTheFusionPlanAlike) {
     std::this_thread::sleep_for(std::chrono::milliseconds(r == 0 ? 0 : r == 2 ? 100 : 300));
     std::vector<Submission> subs{Allreduce("x1", a)};
     at::Tensor t = r == 0 ? at::full({3}, 42.0) : at::zeros({3});
-    if (r < 2) {
-      Submission p = Op(OpType::kBroadcast, "p", t);
-      p.output = t;
-      p.request.root = 0;
-      p.request.participants = {0, 1};
-      subs.push_back(p);
-    }
+    if (r < 2) subs.push_back(PointToPoint("p", t, 0, 1));
     subs.push_back(Allreduce("x2", b));
     HVD_ASSERT_OK(RunOps(rt, subs));
     EXPECT_TRUE(at::equal(a, at::full({300001}, 6.0)));
