@@ -55,7 +55,7 @@ void Controller::InspectStalls(const std::vector<RequestList>& lists, ResponseLi
   if (age_s < stall_.check_s) return;
   std::string report;
   bool fatal = false;
-  // `expected`: the ranks that submit the name (all but for an add_process_set_of_members).
+  // `expected`: the ranks that submit the name (null: every rank; Submitters()).
   auto describe = [&](const std::string& name, double waited, auto has,
                       const std::vector<int64_t>* expected = nullptr) {
     std::string ready, missing;
