@@ -138,14 +138,13 @@ Status HostExecutor::RunOne(const std::vector<Response>& batch, Entry& e) {
       at::Tensor& out = e.sub.output;
       TraceCollective(batch, out.nbytes());
       if (me == r.root && !out.is_same(in)) out.copy_(in);
-      if (!r.participants.empty()) {  // a send from the root to the other participant
+      if (r.participants.empty()) {
+        HVD_RETURN_IF_ERROR(comm->Broadcast(out.data_ptr(), out.nbytes(), r.root));
+      } else {  // a send from the root to the other participant
         const int to =
             static_cast<int>(r.participants[0] == r.root ? r.participants[1] : r.participants[0]);
         HVD_RETURN_IF_ERROR(comm->Transfer(out.data_ptr(), out.nbytes(), r.root, to));
-        e.handle->Complete(Status::Ok(), out);
-        return Status::Ok();
       }
-      HVD_RETURN_IF_ERROR(comm->Broadcast(out.data_ptr(), out.nbytes(), r.root));
       e.handle->Complete(Status::Ok(), out);
       return Status::Ok();
     }

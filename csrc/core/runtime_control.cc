@@ -91,16 +91,15 @@ Status Runtime::ChangeProcessSets(const ControlOp& c, Entry& e) {
   {
     MutexLock lock(mu_);
     for (const auto& kv : set_ranks_) {
-      if (kv.second == ranks && c.kind == ControlKind::kAddProcessSetOfMembers) {
+      if (kv.second != ranks) continue;
+      if (c.kind == ControlKind::kAddProcessSetOfMembers) {
         e.handle->Complete(Status::Ok(), at::full({1}, kv.first, at::kInt));  // shared
-        return Status::Ok();
-      }
-      if (kv.second == ranks) {
+      } else {
         e.handle->Complete(Status::InvalidArgument(
             "add_process_set: process set " + std::to_string(kv.first) +
             " already has exactly these ranks; use it, or remove it first"));
-        return Status::Ok();
       }
+      return Status::Ok();
     }
   }
   const int32_t id = next_set_id_++;
