@@ -4,7 +4,10 @@ the same GPUs, same processes, same run. Synthetic data, img/s (or tokens/s).
     python bench/train_gpu.py [--model resnet50] [--batch-size 64] [--np N]
 
 `--fp16-allreduce` adds hvd with Compression.fp16 and DDP with fp16_compress_hook,
-`--python-hooks` hvd with its gradient hooks in Python.
+`--python-hooks` hvd with its gradient hooks in Python, `--no-comm` "none": the same
+model and optimizer without any communication, each GPU on its own. Its rate is the
+limit, so each contender's scaling efficiency (its rate over none's, per GPU) is printed
+too: what N independent GPUs would do, measured beside the others in the same run.
 
 Models: any torchvision model name (fp32), or `transformer` (~350M parameters, bf16
 autocast). The contenders live in the same processes and take turns block by block
@@ -77,6 +80,8 @@ def worker(args) -> None:
         torch.manual_seed(0)
         model = _build(args.model, dev)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        if lib == "none":
+            return model, opt
         if lib.startswith("hvd"):
             comp = hvd.Compression.fp16 if lib == "hvd-fp16" else hvd.Compression.none
             opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
@@ -100,6 +105,7 @@ def worker(args) -> None:
     # other tenants) falls on all of them alike.
     libs = ["hvd", "ddp"] + (["hvd-fp16", "ddp-fp16"] if args.fp16_allreduce else [])
     libs += ["hvd-py"] if args.python_hooks else []
+    libs += ["none"] if args.no_comm else []
     setups = {lib: make(lib) for lib in libs}
     for lib in libs:
         for _ in range(args.warmup):
@@ -130,8 +136,11 @@ def worker(args) -> None:
             blocks = " ".join(f"{x:.0f}" for x in rates[lib])
             print(f"{lib:9} {r:12.1f} {r * n:10.1f}  {blocks}")
         for lib in libs:
-            if lib != "ddp":
+            if lib not in ("ddp", "none"):
                 print(f"{lib}/ddp throughput ratio: {rate[lib].item() / rate['ddp'].item():.3f}")
+        for lib in libs:
+            if lib != "none" and "none" in libs:
+                print(f"{lib} scaling efficiency: {rate[lib].item() / rate['none'].item():.3f}")
         if "ddp-fp16" in libs:
             print(f"hvd-fp16/ddp-fp16 throughput ratio: "
                   f"{rate['hvd-fp16'].item() / rate['ddp-fp16'].item():.3f}")
@@ -152,6 +161,8 @@ def main() -> None:
                    help="also hvd with Compression.fp16 and DDP with its fp16_compress_hook")
     p.add_argument("--python-hooks", action="store_true",
                    help="also hvd with its gradient hooks in Python (HOROVOD_NATIVE_GRAD_HOOKS=0)")
+    p.add_argument("--no-comm", action="store_true",
+                   help="also the model without communication (scaling efficiency)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -164,6 +175,7 @@ def main() -> None:
                    "--steps", str(args.steps)]
     worker_args += ["--fp16-allreduce"] if args.fp16_allreduce else []
     worker_args += ["--python-hooks"] if args.python_hooks else []
+    worker_args += ["--no-comm"] if args.no_comm else []
     sys.exit(launch_self(__file__, n, worker_args))
 
 if __name__ == "__main__":
