@@ -8,6 +8,11 @@ the same GPUs, same processes, same run. Synthetic data, img/s (or tokens/s).
 model and optimizer without any communication, each GPU on its own. Its rate is the
 limit, so each contender's scaling efficiency (its rate over none's, per GPU) is printed
 too: what N independent GPUs would do, measured beside the others in the same run.
+`--compile` puts every contender's model under `torch.compile` (DDP's as
+`torch.compile(DistributedDataParallel(model))`, as torch documents it). Every
+contender trains the same initial weights on the same fixed batch for the same number
+of steps, so the mean over ranks of each one's last loss is printed too (compression
+shows there).
 
 Models: any torchvision model name (fp32), or `transformer` (~350M parameters, bf16
 autocast). The contenders live in the same processes and take turns block by block
@@ -47,8 +52,8 @@ def _batch(name, batch_size, dev):
             torch.randint(0, 1000, (batch_size,), device=dev))
 
 
-def _step(net, opt, data, target, is_lm) -> None:
-    """One training step (the transformer under bf16 autocast)."""
+def _step(net, opt, data, target, is_lm):
+    """One training step (the transformer under bf16 autocast); returns its loss."""
     import torch
     import torch.nn.functional as F
     opt.zero_grad(set_to_none=True)
@@ -60,6 +65,7 @@ def _step(net, opt, data, target, is_lm) -> None:
             loss = F.cross_entropy(out, target)
     loss.backward()
     opt.step()
+    return loss.detach()
 
 
 def worker(args) -> None:
@@ -79,6 +85,8 @@ def worker(args) -> None:
     def make(lib):
         torch.manual_seed(0)
         model = _build(args.model, dev)
+        if args.compile and lib != "ddp" and not lib.startswith("ddp-"):
+            model = torch.compile(model)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         if lib == "none":
             return model, opt
@@ -95,10 +103,12 @@ def worker(args) -> None:
         if lib == "ddp-fp16":
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
             ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-        return ddp, opt
+        return (torch.compile(ddp) if args.compile else ddp), opt
+
+    last_loss = {}
 
     def step(net, opt):
-        _step(net, opt, data, target, is_lm)
+        last_loss[id(net)] = _step(net, opt, data, target, is_lm)
 
     # Every contender lives in the process at once and they take turns block by
     # block, the first of each round rotating, so that drift of the machine (clocks,
@@ -124,17 +134,22 @@ def worker(args) -> None:
     rate = {k: torch.tensor([statistics.median(v)], device=dev) for k, v in rates.items()}
     for v in rate.values():
         dist.all_reduce(v, op=dist.ReduceOp.MIN)  # the slowest rank sets the pace
+    loss = {lib: last_loss[id(setups[lib][0])].float().reshape(1) for lib in libs}
+    for v in loss.values():
+        dist.all_reduce(v)
     if hvd.rank() == 0:
         unit = "seq/s" if is_lm else "img/s"
         n = hvd.size()
         print(f"\n{args.model} batch {args.batch_size}/GPU on {n} x "
               f"{torch.cuda.get_device_name(dev)} (torch {torch.__version__}), median of "
-              f"{args.iters} interleaved blocks of {args.steps} steps")
-        print(f"{'':9} {unit + '/GPU':>12} {'total':>10}  blocks ({unit}/GPU, this rank)")
+              f"{args.iters} interleaved blocks of {args.steps} steps"
+              f"{', under torch.compile' if args.compile else ''}")
+        print(f"{'':9} {unit + '/GPU':>12} {'total':>10} {'last loss':>10}  "
+              f"blocks ({unit}/GPU, this rank)")
         for lib in libs:
             r = rate[lib].item()
             blocks = " ".join(f"{x:.0f}" for x in rates[lib])
-            print(f"{lib:9} {r:12.1f} {r * n:10.1f}  {blocks}")
+            print(f"{lib:9} {r:12.1f} {r * n:10.1f} {loss[lib].item() / n:10.4f}  {blocks}")
         for lib in libs:
             if lib not in ("ddp", "none"):
                 print(f"{lib}/ddp throughput ratio: {rate[lib].item() / rate['ddp'].item():.3f}")
@@ -163,6 +178,8 @@ def main() -> None:
                    help="also hvd with its gradient hooks in Python (HOROVOD_NATIVE_GRAD_HOOKS=0)")
     p.add_argument("--no-comm", action="store_true",
                    help="also the model without communication (scaling efficiency)")
+    p.add_argument("--compile", action="store_true",
+                   help="every contender's model under torch.compile")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -176,6 +193,7 @@ def main() -> None:
     worker_args += ["--fp16-allreduce"] if args.fp16_allreduce else []
     worker_args += ["--python-hooks"] if args.python_hooks else []
     worker_args += ["--no-comm"] if args.no_comm else []
+    worker_args += ["--compile"] if args.compile else []
     sys.exit(launch_self(__file__, n, worker_args))
 
 if __name__ == "__main__":

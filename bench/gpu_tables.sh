@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The GPU tables of docs/benchmarks.md that #38 asks for, one table set per call of the
+# lent machine (each well under its 10 minutes), every contender in the same run:
+#
+#   bench/gpu_tables.sh scaling   ResNet-50 at batch 32 and 64 and the transformer, on 2
+#                                 and 4 GPUs: hvd, DDP, both with fp16 compression, and
+#                                 no communication (scaling efficiency; last losses)
+#   bench/gpu_tables.sh small     blocking allreduce from 4 KB to 1 GB against NCCL's
+#                                 process group, on 2 and 4 GPUs, twice
+#   bench/gpu_tables.sh compile   the same models under torch.compile, hvd against DDP
+#
+# NP: the GPU counts (default 2, and 4 with 4 GPUs). Every run's whole output goes to
+# $BENCH_OUT (default $OUT on the lent machine, else /tmp/gpu_tables), so that a call cut
+# short or an output cut to its tail still leaves the tables; stdout gets the table lines.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+what=${1:?"usage: bench/gpu_tables.sh scaling|small|compile"}
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+out=${BENCH_OUT:-${OUT:-/tmp/gpu_tables}}
+mkdir -p "$out"
+ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+NP=${NP:-2 $([ "$ngpu" -ge 4 ] && echo 4)}
+T0=$SECONDS
+n=0
+run() {  # run LIMIT ARGS...: one benchmark, its log kept, its table lines shown
+  local limit=$1; shift
+  n=$((n + 1))
+  local log="$out/$what.$n.log"
+  echo "== [$((SECONDS - T0)) s] $*" | tee "$log"
+  timeout -k 5 "$limit" python3 "$@" >>"$log" 2>&1 || echo "(exit $?)" | tee -a "$log"
+  grep -E "^(resnet|transformer|allreduce|  *size|  *[0-9]+ [KMG]B|[a-z0-9-]+ +[0-9.]+ +[0-9.]+ |.*(ratio|efficiency):)" \
+    "$log"
+}
+for np in $NP; do
+  case $what in
+    scaling)
+      run 120 bench/train_gpu.py --np "$np" --model resnet50 --batch-size 32 --iters 7 --no-comm --fp16-allreduce
+      run 120 bench/train_gpu.py --np "$np" --model resnet50 --batch-size 64 --iters 7 --no-comm --fp16-allreduce
+      run 150 bench/train_gpu.py --np "$np" --model transformer --batch-size 8 --iters 6 --no-comm --fp16-allreduce
+      ;;
+    small)
+      for i in 1 2; do run 90 bench/allreduce_gpu.py --np "$np"; done
+      ;;
+    compile)
+      run 240 bench/train_gpu.py --np "$np" --model resnet50 --batch-size 64 --iters 5 --compile
+      ;;
+    *) echo "unknown table set: $what" >&2; exit 2 ;;
+  esac
+done
+echo "done in $((SECONDS - T0)) s; logs in $out"
