@@ -23,7 +23,7 @@ import sys
 import tempfile
 
 from _launch import launch_self
-from train_gpu import _batch, _build, _step
+from train_gpu import _batch, _build, _sgd, _step
 
 CONTENDERS = ["hvd", "hvd-fp16", "ddp", "ddp-bucket-view"]
 MB = 1 << 20
@@ -41,7 +41,7 @@ def worker(args) -> None:
     data, target = _batch(args.model, args.batch_size, dev)
     torch.manual_seed(0)
     model = _build(args.model, dev)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    opt = _sgd(args.model, model)
 
     def train(net, opt):
         for _ in range(args.steps):

@@ -16,7 +16,7 @@ from _launch import launch_self
 def worker():
     import torch, torch.distributed as dist, torch.nn.functional as F
     import horovod_torch as hvd
-    from train_gpu import _build
+    from train_gpu import _build, _sgd
     hvd.init()
     torch.cuda.set_device(hvd.local_rank())
     dev = torch.device("cuda", hvd.local_rank())
@@ -29,7 +29,7 @@ def worker():
     for lib in libs:
         torch.manual_seed(0)
         model = _build("transformer", dev)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        opt = _sgd("transformer", model)
         net = model
         if lib.startswith("hvd"):
             comp = hvd.Compression.fp16 if lib == "hvd16" else hvd.Compression.none
