@@ -57,6 +57,20 @@ def test_a_slow_rank_is_named_within_a_few_steps(tmp_path):
     assert tracks == {f"STRAGGLER_LAG_MS_RANK_{r}" for r in range(3)}, tracks
 
 
+def test_a_slow_rank_is_named_without_the_response_cache():
+    """With the cache off every op is negotiated by name: the lateness comes from when
+    each rank's request arrived, and no step time is measured (the floor of 5 ms is the
+    threshold), which the warning says instead of a step of 0 ms."""
+    results = run_workers("tests.straggler_workers:train", 3, ["2", "40", "60"], timeout=120,
+                          env={"HOROVOD_CACHE_CAPACITY": "0"})
+    for rank, (named_at, named, straggler, samples, cycles) in _finals(results).items():
+        assert (named, straggler) == ("2", "2"), (rank, named_at, samples, cycles)
+    warnings = [line for line in results[0].output.splitlines()
+                if "warning" in line and "straggler: rank" in line]
+    assert len(warnings) == 1 and WARNING.search(warnings[0]), results[0].output[-3000:]
+    assert "step time unknown" in warnings[0] and "a step takes" not in warnings[0]
+
+
 def test_balanced_ranks_stay_silent():
     results = run_workers("tests.straggler_workers:train", 3, ["-1", "0", "500"], timeout=120)
     finals = _finals(results)

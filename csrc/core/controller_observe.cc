@@ -167,7 +167,9 @@ void Controller::StragglerCycle(ResponseList* out) {
                         << ") in which a rank was " << Ms(straggler_->options().min_lag_s)
                         << " or more behind; " << Ms(s.median_s)
                         << " behind the first rank (median; 95th percentile " << Ms(s.p95_s)
-                        << "; a step takes " << Ms(rep.step_s)
+                        << (rep.step_s > 0 ? "; a step takes " + Ms(rep.step_s)
+                                           : std::string("; step time unknown: it is measured "
+                                                         "between repeats of a cached op"))
                         << "); the other ranks wait for it at "
                         << (rep.wait_site.empty() ? "(unknown)" : rep.wait_site)
                         << " (hvd.straggler_report(); HOROVOD_STRAGGLER_* knobs)";
