@@ -11,12 +11,18 @@
 #   GPU_CHECK_STEPS   which steps, in order (default "build ours upstream"):
 #                       build     the extension in place, the checkout installed editable
 #                                 (as make build; MAX_JOBS=nproc)
-#                       ours      pytest -m gpu tests/test_gpu.py (GPU_CHECK_K: a -k filter)
-#                       upstream  tools/upstream_tests.sh --gpu against ours
+#                       ours      pytest -m gpu tests/test_gpu.py (GPU_CHECK_K: a -k filter);
+#                                 with 4 or more GPUs, one pytest session per pair of GPUs
+#                                 (CUDA_VISIBLE_DEVICES), the tests dealt out among them, so
+#                                 that tests for up to 4 GPUs run at 2 there
+#                       upstream  tools/upstream_tests.sh --gpu against ours; with 4 or more
+#                                 GPUs and "ours" in the steps, it runs beside "ours" (the
+#                                 tests share the GPUs; none of them is timed)
 #                       peer      build upstream 0.28.1 with PEER_BUILD (its own venv) and run
 #                                 the same suite against it, into PEER_RESULTS
 #   GPU_CHECK_NP      rank counts for the upstream suite (default: 2, and 4 with 4 GPUs)
 #   GPU_CHECK_DEADLINE seconds for the whole routine (default 560); each step gets what is left
+#   GPU_CHECK_NGPU    the GPUs to plan for (default: as many as torch sees)
 #   HOROVOD_UPSTREAM  upstream's tests (default .carry/upstream: a folder holding test/)
 #   PEER_BUILD        the peer build script (default .carry/peer/horovod_gpu_build.sh, a copy
 #                     of ../shared/peer/horovod_gpu_build.sh, with its files in .carry/peer)
@@ -55,10 +61,41 @@ if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
   trap 'kill $PACKER 2>/dev/null; pack' EXIT
 fi
 
-ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+ngpu=${GPU_CHECK_NGPU:-$(python3 -c 'import torch; print(torch.cuda.device_count())')}
 NPS=${GPU_CHECK_NP:-2 $([ "$ngpu" -ge 4 ] && echo 4)}
 say "$(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | xargs); torch $(python3 -c 'import torch; print(torch.__version__, torch.cuda.nccl.version())'); steps: $STEPS; NP: $NPS"
 if [ -d "$WHEELS" ]; then python3 -m pip install -q --no-index --no-deps "$WHEELS"/*.whl; fi
+
+# Our GPU tests: one pytest session, or with 4+ GPUs one per pair of GPUs side by side.
+ours() {
+  local pairs=$((ngpu / 2)) i
+  if [ "$pairs" -lt 2 ]; then
+    timeout -k 10 "$(left)" python3 -m pytest -v -rfE -p no:cacheprovider -m gpu tests/test_gpu.py \
+      ${GPU_CHECK_K:+-k "$GPU_CHECK_K"} --junitxml="$RES/test_gpu.xml" >"$RES/test_gpu.log" 2>&1
+    say "ours: exit $? -- $(tail -1 "$RES/test_gpu.log")"
+    grep -E '^(FAILED|ERROR)' "$RES/test_gpu.log" | tee -a "$RES/summary.txt"
+    return
+  fi
+  python3 -m pytest --collect-only -q -p no:cacheprovider -m gpu tests/test_gpu.py \
+    ${GPU_CHECK_K:+-k "$GPU_CHECK_K"} 2>/dev/null | grep '::' >"$RES/test_ids.txt"
+  say "ours: $(wc -l <"$RES/test_ids.txt") tests in $pairs sessions of two GPUs each"
+  local limit pids=()
+  limit=$(left)
+  for ((i = 0; i < pairs; i++)); do
+    awk -v n="$pairs" -v i="$i" 'NR % n == i' "$RES/test_ids.txt" >"$RES/test_ids.$i.txt"
+    CUDA_VISIBLE_DEVICES=$((2 * i)),$((2 * i + 1)) timeout -k 10 "$limit" python3 -m pytest -v \
+      -rfE -p no:cacheprovider -m gpu $(cat "$RES/test_ids.$i.txt") \
+      --junitxml="$RES/test_gpu.$i.xml" >"$RES/test_gpu.$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for ((i = 0; i < pairs; i++)); do
+    wait "${pids[$i]}"
+    say "ours, GPUs $((2 * i)),$((2 * i + 1)): exit $? -- $(tail -1 "$RES/test_gpu.$i.log")"
+    grep -E '^(FAILED|ERROR)' "$RES/test_gpu.$i.log" | tee -a "$RES/summary.txt"
+  done
+}
+BESIDE=0
+if [[ " $STEPS " == *" ours "* && " $STEPS " == *" upstream "* && "$ngpu" -ge 4 ]]; then BESIDE=1; fi
 
 for step in $STEPS; do
   case $step in
@@ -76,13 +113,21 @@ for step in $STEPS; do
         | tee -a "$RES/summary.txt"
       ;;
     ours)
-      say "ours: pytest -m gpu tests/test_gpu.py (log: $RES/test_gpu.log)"
-      timeout -k 10 "$(left)" python3 -m pytest -v -rfE -p no:cacheprovider -m gpu tests/test_gpu.py \
-        ${GPU_CHECK_K:+-k "$GPU_CHECK_K"} --junitxml="$RES/test_gpu.xml" >"$RES/test_gpu.log" 2>&1
-      say "ours: exit $? -- $(tail -1 "$RES/test_gpu.log")"
-      grep -E '^(FAILED|ERROR)' "$RES/test_gpu.log" | tee -a "$RES/summary.txt"
+      say "ours: pytest -m gpu tests/test_gpu.py (logs: $RES/test_gpu*.log)"
+      if [ "$BESIDE" = 1 ]; then
+        say "upstream's suite against ours, NP $NPS, beside ours (log: $RES/upstream.txt)"
+        suite ours >"$RES/upstream.txt" 2>&1 &
+        UPSTREAM_PID=$!
+      fi
+      ours
+      if [ "$BESIDE" = 1 ]; then
+        wait "$UPSTREAM_PID"
+        say "upstream's suite beside ours: exit $? (log: $RES/upstream.txt)"
+        grep -E '^upstream_tests|rank[0-9]+: [0-9]+ passed' "$RES/upstream.txt"
+      fi
       ;;
     upstream)
+      if [ "$BESIDE" = 1 ]; then continue; fi
       say "upstream's suite against ours, NP $NPS"
       suite ours
       ;;
