@@ -8,13 +8,16 @@
 #   bench/gpu_tables.sh small     blocking allreduce from 4 KB to 1 GB against NCCL's
 #                                 process group, on 2 and 4 GPUs, twice
 #   bench/gpu_tables.sh compile   the same models under torch.compile, hvd against DDP
+#   bench/gpu_tables.sh backend   (#35) the torch.distributed backend "hvd" against NCCL's
+#                                 process group: all_reduce, DDP ResNet-50, FSDP2 on a
+#                                 24-layer transformer (step time and peak memory)
 #
 # NP: the GPU counts (default 2, and 4 with 4 GPUs). Every run's whole output goes to
 # $BENCH_OUT (default $OUT on the lent machine, else /tmp/gpu_tables), so that a call cut
 # short or an output cut to its tail still leaves the tables; stdout gets the table lines.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-what=${1:?"usage: bench/gpu_tables.sh scaling|small|compile"}
+what=${1:?"usage: bench/gpu_tables.sh scaling|small|compile|backend"}
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 out=${BENCH_OUT:-${OUT:-/tmp/gpu_tables}}
 mkdir -p "$out"
@@ -28,7 +31,7 @@ run() {  # run LIMIT ARGS...: one benchmark, its log kept, its table lines shown
   local log="$out/$what.$n.log"
   echo "== [$((SECONDS - T0)) s] $*" | tee "$log"
   timeout -k 5 "$limit" python3 "$@" >>"$log" 2>&1 || echo "(exit $?)" | tee -a "$log"
-  grep -E "^(resnet|transformer|allreduce|  *size|  *[0-9]+ [KMG]B|[a-z0-9-]+ +[0-9.]+ +[0-9.]+ |.*(ratio|efficiency):)" \
+  grep -E "^(resnet|transformer|allreduce|  *size|  *[0-9]+ [KMG]B|[a-z0-9-]+ +[0-9.]+ +[0-9.]+ |.*(ratio|efficiency):|#|  *all_reduce|  *[0-9]+[KMG] |DDP|FSDP2)" \
     "$log"
 }
 for np in $NP; do
@@ -43,6 +46,10 @@ for np in $NP; do
       ;;
     compile)
       run 240 bench/train_gpu.py --np "$np" --model resnet50 --batch-size 64 --iters 5 --compile
+      ;;
+    backend)
+      run 240 bench/torch_distributed.py --np "$np" --device cuda --model resnet50 --rounds 3 \
+        --fsdp2-layers 24 --fsdp2-width 1024 --fsdp2-tokens 4096
       ;;
     *) echo "unknown table set: $what" >&2; exit 2 ;;
   esac

@@ -4,11 +4,15 @@ ranks on the peer), and each measurement alternates between them.
 
     python bench/torch_distributed.py --np 2 [--device cpu|cuda] [--rounds 3]
         [--sizes 4K,64K,1M,16M,64M] [--ddp-steps 30] [--model mlp|resnet50] [--batch N]
-        [--width W]
+        [--width W] [--fsdp2-layers L [--fsdp2-width D --fsdp2-tokens T]]
 
 Prints, per message size, dist.all_reduce's median time on each backend, and a DDP
 training step's median time (a 4-layer MLP, width 1024 (4 M parameters) and batch 8
 by default, or ResNet-50, batch 64); the ratio is peer / hvd (above 1: hvd is faster).
+With --fsdp2-layers L, also a training step of an L-layer transformer (width D, T tokens
+per rank; bf16 autocast on CUDA) under FSDP2's fully_shard (each layer and the whole),
+on a device mesh over each group, and on CUDA each step's peak of allocated memory above
+what was allocated before it.
 """
 import argparse
 import os
@@ -123,7 +127,61 @@ def worker(a) -> None:
     what = f"mlp width {a.width}" if a.model == "mlp" else a.model
     say(f"DDP {what} batch {data.shape[0]} step: hvd {ours * 1e3:.2f} ms, {peer_name} {peer * 1e3:.2f} ms, "
         f"ratio {peer / ours:.2f}")
+    if a.fsdp2_layers:
+        fsdp2(a, dev, groups, timed, say)
     dist.destroy_process_group()
+
+
+def fsdp2(a, dev, groups, timed, say) -> None:
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+    cuda = dev.type == "cuda"
+    d, tokens = a.fsdp2_width, a.fsdp2_tokens
+    seq = min(512, tokens)
+    x = torch.randn(max(1, tokens // seq), seq, d, device=dev)
+    models, opts = {}, {}
+    for name, group in groups.items():
+        mesh = DeviceMesh.from_group(group if group is not None else
+                                     torch.distributed.group.WORLD, dev.type)
+        torch.manual_seed(0)
+        layer = torch.nn.TransformerEncoderLayer(d, max(1, d // 64), 4 * d, dropout=0.0,
+                                                 batch_first=True, norm_first=True)
+        model = torch.nn.TransformerEncoder(layer, a.fsdp2_layers, enable_nested_tensor=False)
+        model = model.to(dev)
+        for block in model.layers:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        models[name] = model
+        opts[name] = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    peaks = {}
+
+    def step(name):
+        opts[name].zero_grad()
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda):
+            loss = models[name](x).float().square().mean()
+        loss.backward()
+        opts[name].step()
+
+    times = {k: [] for k in groups}
+    for _ in range(a.rounds):
+        for name in groups:
+            timed(lambda: step(name), 2)
+            if cuda:
+                torch.cuda.synchronize()
+                before = torch.cuda.memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
+            times[name].append(timed(lambda: step(name), a.ddp_steps))
+            if cuda:
+                peaks[name] = (torch.cuda.max_memory_allocated() - before) / 2**20
+    names = list(groups)
+    ours, peer = statistics.median(times["hvd"]), statistics.median(times[names[1]])
+    mem = (f"; step's peak memory hvd {peaks['hvd']:.0f} MiB, {names[1]} "
+           f"{peaks[names[1]]:.0f} MiB" if cuda else "")
+    params = sum(p.numel() for p in models["hvd"].parameters()) / 1e6  # DTensor: global
+    say(f"FSDP2 transformer {a.fsdp2_layers} x {d} ({params:.1f} M parameters), {tokens} tokens "
+        f"per rank, step: hvd {ours * 1e3:.2f} ms, {names[1]} {peer * 1e3:.2f} ms, ratio "
+        f"{peer / ours:.2f}{mem}")
 
 
 def main():
@@ -136,6 +194,10 @@ def main():
     p.add_argument("--model", choices=("mlp", "resnet50"), default="mlp")
     p.add_argument("--batch", type=int, default=0, help="per rank (0: the model's default)")
     p.add_argument("--width", type=int, default=1024, help="the MLP's width (4 layers)")
+    p.add_argument("--fsdp2-layers", type=int, default=0,
+                   help="also FSDP2 on a transformer of this many layers (0: not)")
+    p.add_argument("--fsdp2-width", type=int, default=256)
+    p.add_argument("--fsdp2-tokens", type=int, default=512, help="per rank")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
