@@ -11,13 +11,15 @@
 #   bench/gpu_tables.sh backend   (#35) the torch.distributed backend "hvd" against NCCL's
 #                                 process group: all_reduce, DDP ResNet-50, FSDP2 on a
 #                                 24-layer transformer (step time and peak memory)
+#   bench/gpu_tables.sh observe   (#34) ResNet-50 with the straggler measurement off and
+#                                 on, alternating runs (its overhead)
 #
 # NP: the GPU counts (default 2, and 4 with 4 GPUs). Every run's whole output goes to
 # $BENCH_OUT (default $OUT on the lent machine, else /tmp/gpu_tables), so that a call cut
 # short or an output cut to its tail still leaves the tables; stdout gets the table lines.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-what=${1:?"usage: bench/gpu_tables.sh scaling|small|compile|backend"}
+what=${1:?"usage: bench/gpu_tables.sh scaling|small|compile|backend|observe"}
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 out=${BENCH_OUT:-${OUT:-/tmp/gpu_tables}}
 mkdir -p "$out"
@@ -31,7 +33,7 @@ run() {  # run LIMIT ARGS...: one benchmark, its log kept, its table lines shown
   local log="$out/$what.$n.log"
   echo "== [$((SECONDS - T0)) s] $*" | tee "$log"
   timeout -k 5 "$limit" python3 "$@" >>"$log" 2>&1 || echo "(exit $?)" | tee -a "$log"
-  grep -E "^(resnet|transformer|allreduce|  *size|  *[0-9]+ [KMG]B|[a-z0-9-]+ +[0-9.]+ +[0-9.]+ |.*(ratio|efficiency):|#|  *all_reduce|  *[0-9]+[KMG] |DDP|FSDP2)" \
+  grep -E "^(resnet|transformer|allreduce|  *size|  *[0-9]+ [KMG]B|[a-z0-9-]+ +[0-9.]+ +[0-9.]+ |.*(ratio|efficiency):|#|  *all_reduce|  *[0-9]+[KMG] |DDP|FSDP2|synthetic|stragglers o|on / off)" \
     "$log"
 }
 for np in $NP; do
@@ -50,6 +52,9 @@ for np in $NP; do
     backend)
       run 240 bench/torch_distributed.py --np "$np" --device cuda --model resnet50 --rounds 3 \
         --fsdp2-layers 24 --fsdp2-width 1024 --fsdp2-tokens 4096
+      ;;
+    observe)
+      run 280 bench/observe_overhead.py --what stragglers --np "$np" --model resnet50 --rounds 3
       ;;
     *) echo "unknown table set: $what" >&2; exit 2 ;;
   esac
