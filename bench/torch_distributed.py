@@ -11,8 +11,9 @@ training step's median time (a 4-layer MLP, width 1024 (4 M parameters) and batc
 by default, or ResNet-50, batch 64); the ratio is peer / hvd (above 1: hvd is faster).
 With --fsdp2-layers L, also a training step of an L-layer transformer (width D, T tokens
 per rank; bf16 autocast on CUDA) under FSDP2's fully_shard (each layer and the whole),
-on a device mesh over each group, and on CUDA each step's peak of allocated memory above
-what was allocated before it.
+on a device mesh over each group, and on CUDA the peak of allocated memory over the timed
+steps above what was allocated before them (torch's caching allocator: hvd's fusion
+buffer counts, NCCL's own buffers do not).
 """
 import argparse
 import os
@@ -173,10 +174,11 @@ def fsdp2(a, dev, groups, timed, say) -> None:
                 torch.cuda.reset_peak_memory_stats()
             times[name].append(timed(lambda: step(name), a.ddp_steps))
             if cuda:
-                peaks[name] = (torch.cuda.max_memory_allocated() - before) / 2**20
+                peak = (torch.cuda.max_memory_allocated() - before) / 2**20
+                peaks[name] = max(peaks.get(name, 0.0), peak)
     names = list(groups)
     ours, peer = statistics.median(times["hvd"]), statistics.median(times[names[1]])
-    mem = (f"; step's peak memory hvd {peaks['hvd']:.0f} MiB, {names[1]} "
+    mem = (f"; peak memory hvd {peaks['hvd']:.0f} MiB, {names[1]} "
            f"{peaks[names[1]]:.0f} MiB" if cuda else "")
     params = sum(p.numel() for p in models["hvd"].parameters()) / 1e6  # DTensor: global
     say(f"FSDP2 transformer {a.fsdp2_layers} x {d} ({params:.1f} M parameters), {tokens} tokens "

@@ -33,8 +33,10 @@ from _launch import launch_self
 def _build(name, dev, layers=24):
     import torch.nn as nn
     if name == "transformer":
+        # No dropout: the contenders draw from one random stream in turns, so with it
+        # their losses would differ by the masks, not by how they communicate.
         layer = nn.TransformerEncoderLayer(d_model=1024, nhead=16, dim_feedforward=4096,
-                                           batch_first=True, norm_first=True)
+                                           dropout=0.0, batch_first=True, norm_first=True)
         model = nn.Sequential(nn.Embedding(32000, 1024), nn.TransformerEncoder(layer, layers),
                               nn.Linear(1024, 32000))
         return model.to(dev)

@@ -17,12 +17,14 @@
 #                                 that tests for up to 4 GPUs run at 2 there
 #                       upstream  tools/upstream_tests.sh --gpu against ours; with 4 or more
 #                                 GPUs and "ours" in the steps, it runs beside "ours" (the
-#                                 tests share the GPUs; none of them is timed)
+#                                 tests share the GPUs; the few of ours with time bounds
+#                                 have slack for that: all passed so on 4 x H200)
 #                       peer      build upstream 0.28.1 with PEER_BUILD (its own venv) and run
 #                                 the same suite against it, into PEER_RESULTS
 #   GPU_CHECK_NP      rank counts for the upstream suite (default: 2, and 4 with 4 GPUs)
 #   GPU_CHECK_DEADLINE seconds for the whole routine (default 560); each step gets what is left
-#   GPU_CHECK_NGPU    the GPUs to plan for (default: as many as torch sees)
+#   GPU_CHECK_NGPU    the GPUs to plan for (default: as many as torch sees; pairs are
+#                     numbered from 0, so not more than there are)
 #   HOROVOD_UPSTREAM  upstream's tests (default .carry/upstream: a folder holding test/)
 #   PEER_BUILD        the peer build script (default .carry/peer/horovod_gpu_build.sh, a copy
 #                     of ../shared/peer/horovod_gpu_build.sh, with its files in .carry/peer)
@@ -76,16 +78,21 @@ ours() {
     grep -E '^(FAILED|ERROR)' "$RES/test_gpu.log" | tee -a "$RES/summary.txt"
     return
   fi
-  python3 -m pytest --collect-only -q -p no:cacheprovider -m gpu tests/test_gpu.py \
-    ${GPU_CHECK_K:+-k "$GPU_CHECK_K"} 2>/dev/null | grep '::' >"$RES/test_ids.txt"
+  if ! python3 -m pytest --collect-only -q -p no:cacheprovider -m gpu tests/test_gpu.py \
+      ${GPU_CHECK_K:+-k "$GPU_CHECK_K"} >"$RES/collect.log" 2>&1 ||
+     ! grep '::' "$RES/collect.log" >"$RES/test_ids.txt"; then
+    tail -20 "$RES/collect.log"; say "ours: collecting the tests FAILED (or none selected)"
+    return
+  fi
   say "ours: $(wc -l <"$RES/test_ids.txt") tests in $pairs sessions of two GPUs each"
-  local limit pids=()
+  local limit ids pids=()
   limit=$(left)
   for ((i = 0; i < pairs; i++)); do
     awk -v n="$pairs" -v i="$i" 'NR % n == i' "$RES/test_ids.txt" >"$RES/test_ids.$i.txt"
     if [ ! -s "$RES/test_ids.$i.txt" ]; then echo "no tests" >"$RES/test_gpu.$i.log"; true & pids+=($!); continue; fi
+    mapfile -t ids <"$RES/test_ids.$i.txt"
     CUDA_VISIBLE_DEVICES=$((2 * i)),$((2 * i + 1)) timeout -k 10 "$limit" python3 -m pytest -v \
-      -rfE -p no:cacheprovider -m gpu $(cat "$RES/test_ids.$i.txt") \
+      -rfE -p no:cacheprovider -m gpu "${ids[@]}" \
       --junitxml="$RES/test_gpu.$i.xml" >"$RES/test_gpu.$i.log" 2>&1 &
     pids+=($!)
   done
