@@ -68,37 +68,33 @@ NPS=${GPU_CHECK_NP:-2 $([ "$ngpu" -ge 4 ] && echo 4)}
 say "$(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | xargs); torch $(python3 -c 'import torch; print(torch.__version__, torch.cuda.nccl.version())'); steps: $STEPS; NP: $NPS"
 if [ -d "$WHEELS" ]; then python3 -m pip install -q --no-index --no-deps "$WHEELS"/*.whl; fi
 
-# Our GPU tests: one pytest session, or with 4+ GPUs one per pair of GPUs side by side.
+# Our GPU tests: one pytest session, or with 4+ GPUs one per pair of GPUs side by side
+# (session i on GPUs 2i and 2i+1, the tests dealt out among them).
 ours() {
-  local pairs=$((ngpu / 2)) i
-  if [ "$pairs" -lt 2 ]; then
-    timeout -k 10 "$(left)" python3 -m pytest -v -rfE -p no:cacheprovider -m gpu tests/test_gpu.py \
-      ${GPU_CHECK_K:+-k "$GPU_CHECK_K"} --junitxml="$RES/test_gpu.xml" >"$RES/test_gpu.log" 2>&1
-    say "ours: exit $? -- $(tail -1 "$RES/test_gpu.log")"
-    grep -E '^(FAILED|ERROR)' "$RES/test_gpu.log" | tee -a "$RES/summary.txt"
-    return
-  fi
+  local n=$((ngpu / 2)) i rc limit ids pids=() devs
+  [ "$n" -ge 2 ] || n=1
   if ! python3 -m pytest --collect-only -q -p no:cacheprovider -m gpu tests/test_gpu.py \
       ${GPU_CHECK_K:+-k "$GPU_CHECK_K"} >"$RES/collect.log" 2>&1 ||
      ! grep '::' "$RES/collect.log" >"$RES/test_ids.txt"; then
     tail -20 "$RES/collect.log"; say "ours: collecting the tests FAILED (or none selected)"
     return
   fi
-  say "ours: $(wc -l <"$RES/test_ids.txt") tests in $pairs sessions of two GPUs each"
-  local limit ids pids=()
+  say "ours: $(wc -l <"$RES/test_ids.txt") tests in $n pytest session(s)"
   limit=$(left)
-  for ((i = 0; i < pairs; i++)); do
-    awk -v n="$pairs" -v i="$i" 'NR % n == i' "$RES/test_ids.txt" >"$RES/test_ids.$i.txt"
+  for ((i = 0; i < n; i++)); do
+    awk -v n="$n" -v i="$i" 'NR % n == i' "$RES/test_ids.txt" >"$RES/test_ids.$i.txt"
     if [ ! -s "$RES/test_ids.$i.txt" ]; then echo "no tests" >"$RES/test_gpu.$i.log"; true & pids+=($!); continue; fi
     mapfile -t ids <"$RES/test_ids.$i.txt"
-    CUDA_VISIBLE_DEVICES=$((2 * i)),$((2 * i + 1)) timeout -k 10 "$limit" python3 -m pytest -v \
-      -rfE -p no:cacheprovider -m gpu "${ids[@]}" \
-      --junitxml="$RES/test_gpu.$i.xml" >"$RES/test_gpu.$i.log" 2>&1 &
+    devs=()
+    [ "$n" -gt 1 ] && devs=(env CUDA_VISIBLE_DEVICES=$((2 * i)),$((2 * i + 1)))
+    "${devs[@]}" timeout -k 10 "$limit" python3 -m pytest -v -rfE -p no:cacheprovider -m gpu \
+      "${ids[@]}" --junitxml="$RES/test_gpu.$i.xml" >"$RES/test_gpu.$i.log" 2>&1 &
     pids+=($!)
   done
-  for ((i = 0; i < pairs; i++)); do
+  for ((i = 0; i < n; i++)); do
     wait "${pids[$i]}"
-    say "ours, GPUs $((2 * i)),$((2 * i + 1)): exit $? -- $(tail -1 "$RES/test_gpu.$i.log")"
+    rc=$?
+    say "ours$([ "$n" -gt 1 ] && echo ", GPUs $((2 * i)),$((2 * i + 1))"): exit $rc -- $(tail -1 "$RES/test_gpu.$i.log")"
     grep -E '^(FAILED|ERROR)' "$RES/test_gpu.$i.log" | tee -a "$RES/summary.txt"
   done
 }
