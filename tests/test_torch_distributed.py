@@ -95,6 +95,28 @@ def test_bad_calls_raise_clear_errors_and_the_group_goes_on():
             describe(results)
 
 
+def test_mismatched_repeats_fail_at_once_and_only_the_call_that_differs():
+    results = _run("tests.torch_distributed_workers:errors", 2)
+    for r in results:
+        m = re.search(rf"CACHED_MISMATCH rank={r.rank} after=(\S+) \w+: .*Mismatched tensor "
+                      r"shapes.*rank 0 has \[6\], rank 1 has \[7\]", r.output)
+        assert m, describe(results)
+        assert float(m.group(1)) < 5, describe(results)  # not the stall inspector's 60 s
+
+
+def test_repeated_calls_and_ddp_steps_skip_negotiation():
+    results = _run("tests.torch_distributed_workers:repeats", 2)
+    for r in results:
+        assert f"OK rank={r.rank}" in r.output, describe(results)
+        m = re.search(rf"ALL_REDUCE rank={r.rank} negotiated=(\d+) cached=(\d+)", r.output)
+        assert m, describe(results)
+        # Each of the 4 slots' names is negotiated once (core/c10d_names.h).
+        assert int(m.group(1)) <= 4 and int(m.group(2)) >= 16, describe(results)
+        m = re.search(rf"DDP rank={r.rank} negotiated=(\d+) cached=(\d+)", r.output)
+        assert m, describe(results)
+        assert int(m.group(1)) == 0 and int(m.group(2)) >= 5, describe(results)
+
+
 def test_a_dead_peer_fails_pending_work_and_survivors_rebuild_the_group():
     results = _run("tests.torch_distributed_workers:peer_dies", 3, [master_port()],
                    expect_ok=False, timeout=120)

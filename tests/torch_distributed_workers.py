@@ -525,9 +525,70 @@ def errors() -> None:
         print(f"MISMATCH rank={rank} {type(exc).__name__}: {exc}", flush=True)
     else:
         raise AssertionError("mismatched shapes did not raise")
+    # The same, when each rank's call is a repeat that the response cache serves: both
+    # shapes were called at every slot before (core/c10d_names.h: 4 slots).
+    for shape in (6, 7):
+        for _ in range(5):
+            dist.all_reduce(torch.ones(shape))
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(6 + rank))
+    except Exception as exc:  # noqa: BLE001
+        print(f"CACHED_MISMATCH rank={rank} after={time.monotonic() - start:.2f} "
+              f"{type(exc).__name__}: {exc}", flush=True)
+    else:
+        raise AssertionError("mismatched shapes of cached calls did not raise")
+    # Only the call that differs fails: the calls after it, in flight already, run.
+    bad = dist.all_reduce(torch.ones(3 + rank), async_op=True)
+    later = [torch.full((5,), float(rank + i)) for i in range(3)]
+    works = [dist.all_reduce(t, async_op=True) for t in later]
+    try:
+        bad.wait()
+    except Exception as exc:  # noqa: BLE001
+        assert "Mismatched" in str(exc), exc
+    else:
+        raise AssertionError("a mismatch among calls in flight did not raise")
+    for i, (w, t) in enumerate(zip(works, later)):
+        w.wait()
+        _same(t, torch.full((5,), float(sum(r + i for r in range(size)))), "after it")
     x = torch.ones(2)
     dist.all_reduce(x)
     _same(x, torch.full((2,), float(size)), "after errors")
+    dist.destroy_process_group()
+    print(f"OK rank={rank}", flush=True)
+
+
+def repeats() -> None:
+    """Repeated calls, and DDP's steps after the first few, are served by the response
+    cache: no negotiation round."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from horovod_torch import _C
+    rank, size = _init()
+
+    def counted(fn):
+        negotiated, cached = _C.negotiation_counts()
+        fn()
+        after = _C.negotiation_counts()
+        return after[0] - negotiated, after[1] - cached
+
+    x = torch.ones(1000)
+    print("ALL_REDUCE rank={} negotiated={} cached={}".format(
+        rank, *counted(lambda: [dist.all_reduce(x) for _ in range(20)])), flush=True)
+    _same(x, torch.full((1000,), float(size ** 20)), "20 sums")
+    model = DDP(_model(0), bucket_cap_mb=0.01)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(rank)
+
+    def steps(n):
+        for _ in range(n):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(torch.randn(8, 16, generator=g)),
+                                         torch.randn(8, 4, generator=g)).backward()
+            opt.step()
+
+    steps(8)
+    print("DDP rank={} negotiated={} cached={}".format(rank, *counted(lambda: steps(5))),
+          flush=True)
     dist.destroy_process_group()
     print(f"OK rank={rank}", flush=True)
 

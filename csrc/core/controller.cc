@@ -38,7 +38,7 @@ Status Controller::Cycle(std::vector<Request> fresh, bool want_shutdown,
   for (uint64_t w : pending_invalid_) any_invalid = any_invalid || w != 0;
   if (fast_ok_ && steady_exchange_) {
     bool need_full = !uncached_.empty() || want_shutdown || join_pending_ || any_invalid ||
-                     params_pending_ || stall_due_ || report_due_;
+                     params_pending_ || stall_due_ || diverge_due_ || report_due_;
     bool done = false;
     fast_need_full_ = need_full;
     HVD_RETURN_IF_ERROR(FastCycle(responses, &done));
@@ -206,8 +206,9 @@ void Controller::NoteFastBits(const std::vector<uint64_t>& mine, const std::vect
 void Controller::CoordinateFast(const std::vector<uint64_t>& any, const ResponseList& out) {
   AutotuneStep(out);
   TrackPartialBits(any, out.ready_bits);
-  // A stall report (or a stall shutdown) needs a full cycle to reach every rank.
   const auto now = std::chrono::steady_clock::now();
+  WatchDivergence(now);
+  // A stall report (or a stall shutdown) needs a full cycle to reach every rank.
   if (std::chrono::duration<double>(now - last_stall_log_).count() < stall_.check_s) return;
   auto old = [&](std::chrono::steady_clock::time_point since) {
     return std::chrono::duration<double>(now - since).count() >= stall_.check_s;
@@ -339,6 +340,7 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
     table_.erase(o.second);
   }
   FailRestOfFailedGroups(failed_groups, &out);
+  FailDivergedCalls(lists, &out);
   InspectStalls(lists, &out);
   return out;
 }
@@ -384,7 +386,9 @@ void Controller::Apply(const ResponseList& list, std::vector<Response>* out) {
     out->push_back(cache_.Get(p));
     cache_.Touch(p);
     cached_pending_.erase(p);
+    ++cached_responses_;
   }
+  negotiated_responses_ += list.responses.size();
   for (const auto& resp : list.responses) {
     if (resp.control.kind == ControlKind::kJoin) join_pending_ = false;  // every rank joined
     out->push_back(resp);

@@ -79,6 +79,13 @@ class Controller {
   bool autotune_done() const { return tuner_ == nullptr || tuner_->done(); }
   // After a cycle that reported shutdown: the lowest rank that asked for it.
   int shutdown_rank() const { return shutdown_rank_; }
+  // Adds the responses this rank took since the last call: served by the response
+  // cache, and negotiated in full (errors included).
+  void DrainCounts(uint64_t* cached, uint64_t* negotiated) {
+    *cached += cached_responses_;
+    *negotiated += negotiated_responses_;
+    cached_responses_ = negotiated_responses_ = 0;
+  }
 
   // Coordinator's validation of one name's requests (one per rank, by rank).
   // Exposed for tests.
@@ -154,6 +161,12 @@ class Controller {
                       std::map<int64_t, std::string>* failed_groups, ResponseList* out);
   // failed: group id (of any rank's request of a failed name) -> its error.
   void FailRestOfFailedGroups(const std::map<int64_t, std::string>& failed, ResponseList* out);
+  // Coordinator, after matching: torch.distributed calls that differ between ranks
+  // (core/c10d_names.h) fail on every rank with the mismatch error.
+  void FailDivergedCalls(const std::vector<RequestList>& lists, ResponseList* out);
+  // Coordinator, in the steady state: asks for a full cycle, where FailDivergedCalls
+  // looks, when a torch.distributed call has waited for other ranks a while.
+  void WatchDivergence(std::chrono::steady_clock::time_point now);
   void InspectStalls(const std::vector<RequestList>& lists, ResponseList* out);
   std::vector<std::string> waits_;
   StallOptions stall_;
@@ -167,7 +180,9 @@ class Controller {
   std::vector<uint64_t> pending_invalid_;  // stale cache positions found since last cycle
   bool params_pending_ = false;            // coordinator: autotune setting to send in a full cycle
   TunedParams pending_params_;
-  bool stall_due_ = false;       // coordinator: a stall report is due (needs a full cycle)
+  bool stall_due_ = false;    // coordinator: a stall report is due (needs a full cycle)
+  bool diverge_due_ = false;  // coordinator: FailDivergedCalls should look (WatchDivergence)
+  std::chrono::steady_clock::time_point last_diverge_check_{};
   bool fast_need_full_ = false;  // this cycle: this rank needs a full cycle
   // Over kPerRankBitsMaxRanks ranks, of the last steady-state exchange: this rank's
   // pending positions, and those pending somewhere but not everywhere.
@@ -182,6 +197,7 @@ class Controller {
   StragglerReport stragglers_;
   uint64_t stragglers_version_ = 0;
 
+  uint64_t cached_responses_ = 0, negotiated_responses_ = 0;
   Timeline* timeline_ = nullptr;
   std::map<int, std::vector<bool>> traced_bits_;  // cache position -> ranks seen ready
   TunedParams params_;

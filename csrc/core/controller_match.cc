@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/check.h"
+#include "core/c10d_names.h"
 #include "core/controller.h"
 
 namespace hvd {
@@ -115,6 +116,114 @@ void Controller::FailRestOfFailedGroups(const std::map<int64_t, std::string>& fa
     }
     out->responses.push_back(ErrorForSubmitters(it->first, it->second.by_rank, f->second));
     it = table_.erase(it);
+  }
+}
+
+// A torch.distributed call is named by its arguments (core/c10d_names.h), so a call
+// whose arguments differ between ranks has a different name on each, and no name would
+// ever be ready. A slot in which every rank has a call pending holds the same call on
+// every rank: different names there are a mismatch. They fail on every rank with
+// Match's error, and the group goes on (the ranks' later calls, in other slots, are
+// left pending). A cached repeat among them is invalidated instead: its ranks send it
+// in full next cycle, and the whole slot fails then.
+void Controller::FailDivergedCalls(const std::vector<RequestList>& lists, ResponseList* out) {
+  last_diverge_check_ = std::chrono::steady_clock::now();
+  diverge_due_ = false;
+  const size_t size = lists.size();
+  for (bool j : joined_) {
+    if (j) return;  // a joined rank runs allreduces it never submitted
+  }
+  struct Slot {
+    std::vector<std::vector<std::string>> names;  // per rank, pending in the slot
+    std::vector<int> cached;                      // cache positions among them
+  };
+  std::map<std::string, Slot> slots;  // by "c10d.<group>.<slot>"
+  auto slot_of = [&](const std::string& name) -> Slot* {
+    const std::string key = C10dSlotOf(name);
+    if (key.empty()) return nullptr;
+    Slot& s = slots[key];
+    s.names.resize(size);
+    return &s;
+  };
+  for (const auto& kv : table_) {
+    if (Submitters(kv.second) != nullptr) continue;  // not every rank's (send/recv)
+    Slot* s = slot_of(kv.first);
+    if (s == nullptr) continue;
+    for (size_t r = 0; r < size; ++r) {
+      if (!kv.second.by_rank[r].name.empty()) s->names[r].push_back(kv.first);
+    }
+  }
+  const size_t words = cache_.num_words();
+  for (size_t w = 0; w < words; ++w) {
+    uint64_t any = 0;
+    for (const auto& l : lists) any |= w < l.ready_bits.size() ? l.ready_bits[w] : 0;
+    for (uint64_t partial = any & ~out->ready_bits[w] & ~out->invalid_bits[w]; partial != 0;
+         partial &= partial - 1) {
+      const size_t pos = w * 64 + static_cast<size_t>(__builtin_ctzll(partial));
+      const std::string& name = cache_.Get(static_cast<int>(pos)).name;
+      Slot* s = slot_of(name);
+      if (s == nullptr) continue;
+      s->cached.push_back(static_cast<int>(pos));
+      for (size_t r = 0; r < size; ++r) {
+        if (TestBit(lists[r].ready_bits, pos)) s->names[r].push_back(name);
+      }
+    }
+  }
+  for (auto& kv : slots) {
+    Slot& s = kv.second;
+    bool everyone = true, same = true;
+    for (auto& names : s.names) {
+      std::sort(names.begin(), names.end());
+      everyone = everyone && !names.empty();
+      same = same && names == s.names[0];
+    }
+    if (!everyone || same) continue;
+    if (!s.cached.empty()) {
+      for (int pos : s.cached) SetBit(&out->invalid_bits, static_cast<size_t>(pos));
+      continue;
+    }
+    std::vector<Request> first(size);
+    std::string listed;
+    for (size_t r = 0; r < size; ++r) {
+      first[r] = table_[s.names[r][0]].by_rank[r];
+      listed += (r ? ", rank " : "rank ") + std::to_string(r) + " '" + s.names[r][0] + "'";
+    }
+    std::string error = Match(first, static_cast<int>(size)).error;
+    if (error.empty()) {
+      error = "Mismatched torch.distributed calls: " + listed +
+              ". Every rank must issue a group's calls in the same order, with matching "
+              "arguments.";
+    }
+    std::vector<std::string> names;
+    for (const auto& n : s.names) names.insert(names.end(), n.begin(), n.end());
+    std::sort(names.begin(), names.end());
+    names.erase(std::unique(names.begin(), names.end()), names.end());
+    for (const auto& name : names) {
+      auto it = table_.find(name);
+      out->responses.push_back(ErrorForSubmitters(name, it->second.by_rank, error));
+      if (timeline_ != nullptr) timeline_->NegotiateEnd(name);
+      table_.erase(it);
+    }
+  }
+}
+
+void Controller::WatchDivergence(std::chrono::steady_clock::time_point now) {
+  constexpr double kEvery = 0.25;  // seconds: how late a mismatch of cached calls is found
+  auto age = [&](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(now - t).count();
+  };
+  if (diverge_due_ || age(last_diverge_check_) < kEvery) return;
+  for (const auto& kv : partial_bits_) {
+    if (age(kv.second) >= kEvery && !C10dSlotOf(cache_.Get(kv.first).name).empty()) {
+      diverge_due_ = true;
+      return;
+    }
+  }
+  for (const auto& kv : table_) {
+    if (age(kv.second.since) >= kEvery && !C10dSlotOf(kv.first).empty()) {
+      diverge_due_ = true;
+      return;
+    }
   }
 }
 

@@ -280,6 +280,12 @@ void Runtime::Loop() {
       st = ps.controller->Cycle(std::move(fresh[ps.id]), want_shutdown && ps.id == 0, &responses,
                                 &shutdown);
       if (!responses.empty() && ps.id == 0) timeline_.MarkCycle();
+      if (!responses.empty()) {
+        uint64_t cached = 0, negotiated = 0;
+        ps.controller->DrainCounts(&cached, &negotiated);
+        cached_ops_.fetch_add(cached, std::memory_order_relaxed);
+        negotiated_ops_.fetch_add(negotiated, std::memory_order_relaxed);
+      }
       if (st.ok()) st = Execute(ps, responses);
       busy = busy || !responses.empty();
     }

@@ -119,6 +119,10 @@ class Runtime {
   TunedParams params(bool* autotune_done);
   // Registered process sets: id -> global ranks (0: every rank).
   std::map<int32_t, std::vector<int>> process_sets();
+  // Responses this rank has executed (errors included), over every process set: served
+  // by the response cache without negotiation, and negotiated in full.
+  uint64_t cached_ops() const { return cached_ops_.load(std::memory_order_relaxed); }
+  uint64_t negotiated_ops() const { return negotiated_ops_.load(std::memory_order_relaxed); }
 
  private:
   Runtime(WorldInfo world, Config config) : world_(std::move(world)), config_(std::move(config)) {}
@@ -182,6 +186,7 @@ class Runtime {
   std::atomic<bool> has_fresh_{false};                                 // hint for the spinning loop
   std::atomic<bool> gpu_seen_{false};     // a CUDA tensor was submitted
   std::atomic<uint64_t> gpu_devices_{0};  // gpu_devices()
+  std::atomic<uint64_t> cached_ops_{0}, negotiated_ops_{0};
   // Callers blocked waiting for their ops; shared with their handles.
   const std::shared_ptr<Waiters> waiters_ = std::make_shared<Waiters>();
   // Names of ops whose handles are held; shared with the handles, which release them.

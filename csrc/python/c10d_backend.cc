@@ -4,9 +4,7 @@
 // fusion, transports, NCCL, timeline and stall report as hvd.* calls, with which it
 // may be mixed.
 //
-// Naming: the runtime matches ops across ranks by name. A c10d call has none; every
-// rank issues the group's calls in the same order, so the n-th call is named by its
-// group, its kind and n (NameFor()).
+// Naming and submission: c10d_calls.h.
 //
 // Groups: the default group runs on the runtime's global process set; a group over a
 // subset of ranks (new_group) on a process set that its members registered when torch
@@ -18,16 +16,12 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <algorithm>
-#include <map>
 
-#include "common/thread_annotations.h"
-#include "python/c10d_work.h"
+#include "python/c10d_calls.h"
 #include "python/module_state.h"
 
 namespace hvd {
 namespace {
-
-using Finish = std::function<void(const std::vector<std::shared_ptr<HandleState>>&)>;
 
 ReduceOp OurOp(const c10d::ReduceOp& op, const char* what) {
   switch (op.op_) {
@@ -68,10 +62,7 @@ class HvdBackend : public c10d::Backend {
  public:
   HvdBackend(int rank, int size, std::chrono::milliseconds timeout, int32_t process_set_id,
              std::string group)
-      : c10d::Backend(rank, size),
-        timeout_(timeout),
-        process_set_id_(process_set_id),
-        prefix_("c10d." + group + ".") {}
+      : c10d::Backend(rank, size), process_set_id_(process_set_id), calls_(timeout, group) {}
   const std::string getBackendName() const override { return "hvd"; }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
@@ -422,61 +413,14 @@ class HvdBackend : public c10d::Backend {
         "p2p." + std::to_string(from) + "." + std::to_string(to) + "." + std::to_string(tag));
   }
 
-  // The name of the next op of kind `what`: the kind and a count, as hvd names its
-  // unnamed ops. Every rank issues the group's calls in the same order, so the n-th
-  // call has one name everywhere, and a call whose tensors differ between ranks (a
-  // shape, a dtype) fails with the coordinator's mismatch error instead of waiting for
-  // a name that never comes.
-  std::string NameFor(const char* what) HVD_REQUIRES(mu_) {
-    return prefix_ + what + "." + std::to_string(calls_++);
-  }
-
-  // Submits `subs` (one op each; several: an atomic group) and returns their Work.
-  // `p2p`: a send/recv's sender, receiver and tag, which number its names instead.
   c10::intrusive_ptr<c10d::Work> Run(c10d::OpType type, const char* what,
                                      std::vector<Submission> subs, std::vector<at::Tensor> outputs,
                                      Finish finish, const std::string& p2p = "") {
-    auto call = std::make_shared<CallState>();
-    call->what = what;
-    call->outputs = std::move(outputs);
-    call->finish = std::move(finish);
-    std::vector<c10::Device> devices;
-    for (const auto& t : call->outputs) {
-      if (t.is_cuda() && std::find(devices.begin(), devices.end(), t.device()) == devices.end()) {
-        devices.push_back(t.device());
-      }
-    }
-    call->future = c10::make_intrusive<c10::ivalue::Future>(
-        c10::ListType::create(c10::TensorType::get()), devices);
-    {
-      MutexLock lock(mu_);
-      std::vector<std::string> names;
-      for (auto& s : subs) {
-        s.request.name =
-            p2p.empty() ? NameFor(what) : prefix_ + p2p + "." + std::to_string(p2p_calls_[p2p]++);
-        names.push_back(s.request.name);
-      }
-      if (subs.size() > 1) {
-        const int64_t group = GroupId(names);
-        for (auto& s : subs) {
-          s.request.group_id = group;
-          s.request.group_size = static_cast<int32_t>(subs.size());
-        }
-      }
-      std::vector<std::shared_ptr<HandleState>> states;
-      Status st = SubmitToRuntime(std::move(subs), &states);
-      if (!st.ok()) Fail(std::string(what) + ": " + st.message());
-      call->handles = std::move(states);
-    }
-    return StartWork(std::move(call), type, timeout_);
+    return calls_.Run(type, what, std::move(subs), std::move(outputs), std::move(finish), p2p);
   }
 
-  const std::chrono::milliseconds timeout_;
   const int32_t process_set_id_;  // 0: the global set
-  const std::string prefix_;      // "c10d.<torch's group name>.": groups sharing a set differ
-  Mutex mu_;  // one call at a time: every rank must name its calls in the same order
-  uint64_t calls_ HVD_GUARDED_BY(mu_) = 0;
-  std::map<std::string, uint64_t> p2p_calls_ HVD_GUARDED_BY(mu_);  // by sender, receiver, tag
+  C10dCalls calls_;
 };
 
 }  // namespace

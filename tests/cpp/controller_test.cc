@@ -10,6 +10,7 @@
 #include <random>
 #include <set>
 
+#include "core/c10d_names.h"
 #include "core/controller.h"
 #include "test_util.h"
 #include "wire/message.h"
@@ -450,6 +451,86 @@ TEST(Controller, MismatchAfterCachingNamesBothRanks) {
   EXPECT_EQ(l4.responses[0][0].size(), 2u);
   for (int r = 0; r < 2; ++r) {  // both from the cache: the steady-state exchange only
     EXPECT_EQ(ranks.spies[r]->sent.size(), l4.first_sent[r]) << "rank " << r;
+  }
+}
+
+TEST(C10dNames, SlotOfAName) {
+  EXPECT_EQ(C10dName("0", 9, "allreduce.Float[4].Sum"), "c10d.0.1.allreduce.Float[4].Sum");
+  EXPECT_EQ(C10dSlotOf("c10d.0.1.allreduce.Float[4].Sum"), "c10d.0.1");
+  EXPECT_EQ(C10dSlotOf("c10d.a1b2.3.barrier#7"), "c10d.a1b2.3");
+  EXPECT_EQ(C10dSlotOf("c10d.0.p2p.0.1.0.3"), "");  // send/recv: no slot
+  EXPECT_EQ(C10dSlotOf("c10d.5.new_group"), "");
+  EXPECT_EQ(C10dSlotOf("c10d.0.12"), "");
+  EXPECT_EQ(C10dSlotOf("c10d..1.x"), "");
+  EXPECT_EQ(C10dSlotOf("allreduce.3"), "");
+}
+
+Request C10dReq(uint64_t n, std::vector<int64_t> shape) {
+  return Req(C10dName("0", n, "allreduce.Float[" + std::to_string(shape[0]) + "].Sum"), shape);
+}
+
+// torch.distributed calls named by their arguments: a call whose shape differs between
+// ranks has a different name on each. It fails on every rank once every rank has a
+// call pending in its slot, never before, and the calls after it run.
+TEST(Controller, DivergedC10dCallsFailOnceEveryRankHasCalled) {
+  Watchdog wd(60, "DivergedC10dCallsFailOnceEveryRankHasCalled");
+  Ranks ranks;
+  Status st = MakeRanks(3, {16, 16, 16}, &ranks);
+  ASSERT_TRUE(st.ok()) << st.message();
+  const Request a = C10dReq(1, {4}), b = C10dReq(1, {5}), c = C10dReq(2, {8});
+  Schedule s = {{{0, {a, c}}}, {{0, {b, c}}}, {{1, {a}}, {2, {c}}}};
+  RunLog log = RunCycles(ranks, s, 4);
+  ASSERT_NO_FATAL_FAILURE(ExpectIdentical(log, 4));
+  EXPECT_TRUE(log.responses[0][0].empty()) << "failed before rank 2 called";
+  auto at = ReleaseCycles(log);
+  EXPECT_EQ(at[a.name], 1);
+  EXPECT_EQ(at[b.name], 1);
+  EXPECT_EQ(at[c.name], 2);
+  for (int r = 0; r < 3; ++r) {
+    for (const auto& name : {a.name, b.name}) {
+      const Response* resp = Find(log, r, name);
+      ASSERT_NE(resp, nullptr);
+      EXPECT_NE(resp->error.find("Mismatched tensor shapes"), std::string::npos) << resp->error;
+      EXPECT_NE(resp->error.find("rank 1 has [5]"), std::string::npos) << resp->error;
+    }
+    // Each error is for the ranks that submitted that name only.
+    EXPECT_EQ(Find(log, r, a.name)->rank_rows, (std::vector<int64_t>{0, 2}));
+    EXPECT_EQ(Find(log, r, b.name)->rank_rows, (std::vector<int64_t>{1}));
+    EXPECT_EQ(Find(log, r, c.name)->error, "");
+  }
+}
+
+// The same, when both names are repeats that the cache serves: only bits cross the
+// wire, so the coordinator asks for a full cycle once they have waited a while.
+TEST(Controller, DivergedCachedC10dCallsFailWithinASecond) {
+  Watchdog wd(60, "DivergedCachedC10dCallsFailWithinASecond");
+  Ranks ranks;
+  Status st = MakeRanks(2, {16, 16}, &ranks);
+  ASSERT_TRUE(st.ok()) << st.message();
+  const Request a = C10dReq(1, {4}), b = C10dReq(1, {5});
+  for (const Request& q : {a, b}) {
+    RunLog warm = RunCycles(ranks, {{{0, {q}}}, {{0, {q}}}}, 1);
+    ASSERT_NO_FATAL_FAILURE(ExpectIdentical(warm, 1));
+    ASSERT_EQ(Names(warm.responses[0][0]), std::vector<std::string>{q.name});
+  }
+  const size_t full_before = ranks.spies[0]->sent.size();
+  RunLog first = RunCycles(ranks, {{{0, {a}}}, {{0, {b}}}}, 1);
+  ASSERT_NO_FATAL_FAILURE(ExpectIdentical(first, 1));
+  EXPECT_EQ(ranks.spies[0]->sent.size(), full_before) << "both names are cache hits";
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<Response> got;
+  while (got.size() < 2 && std::chrono::steady_clock::now() - start < std::chrono::seconds(5)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    RunLog l = RunCycles(ranks, {{}, {}}, 1);
+    ASSERT_NO_FATAL_FAILURE(ExpectIdentical(l, 1));
+    got.insert(got.end(), l.responses[0][0].begin(), l.responses[0][0].end());
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+  std::sort(got.begin(), got.end(),
+            [](const Response& x, const Response& y) { return x.name < y.name; });
+  ASSERT_EQ(Names(got), (std::vector<std::string>{a.name, b.name}));
+  for (const auto& resp : got) {
+    EXPECT_NE(resp.error.find("rank 0 has [4], rank 1 has [5]"), std::string::npos) << resp.error;
   }
 }
 

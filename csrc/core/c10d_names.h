@@ -1,0 +1,46 @@
+// The names of torch.distributed calls (python/c10d_backend.cc), and what the
+// coordinator reads from them (Controller::FailDivergedCalls).
+//
+// Every rank issues a c10d group's calls in the same order (torch's rule for every
+// backend). The n-th call is in slot n % kC10dSlots, and it waits for the previous call
+// of its slot to complete before it is submitted. So a rank has at most one call
+// pending in a slot, and when every member has one pending in slot s, it is the same
+// call n everywhere.
+//
+// A call of one op whose request every rank must give alike (allreduce, broadcast,
+// allgather, reduce-scatter, ...) is named by its slot, kind and arguments:
+// "c10d.<group>.<slot>.allreduce.Float[1024].Sum". Such names repeat from step to step,
+// so the response cache serves them without a negotiation round. A call whose
+// arguments differ between ranks then has a different name on each; the coordinator
+// sees it as different names pending in one slot on every rank, and fails it with the
+// mismatch error. Other calls (several ops as one group, alltoall, scatter, barrier)
+// are named by slot, kind and n: "c10d.<group>.<slot>.barrier#17".
+//
+// Torch-free.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace hvd {
+
+constexpr uint64_t kC10dSlots = 4;
+
+// "c10d.<group>.<n % kC10dSlots>.<rest>"; `group` must not contain a dot.
+inline std::string C10dName(const std::string& group, uint64_t n, const std::string& rest) {
+  return "c10d." + group + "." + std::to_string(n % kC10dSlots) + "." + rest;
+}
+
+// "c10d.<group>.<slot>" of a name C10dName made, or "" for any other name.
+inline std::string C10dSlotOf(const std::string& name) {
+  static const std::string kPrefix = "c10d.";
+  if (name.compare(0, kPrefix.size(), kPrefix) != 0) return "";
+  const size_t group_end = name.find('.', kPrefix.size());
+  if (group_end == std::string::npos || group_end == kPrefix.size()) return "";
+  size_t i = group_end + 1;
+  while (i < name.size() && name[i] >= '0' && name[i] <= '9') ++i;
+  if (i == group_end + 1 || i >= name.size() || name[i] != '.') return "";
+  return name.substr(0, i);
+}
+
+}  // namespace hvd

@@ -1,0 +1,116 @@
+#include "python/c10d_calls.h"
+
+#include <algorithm>
+
+#include "python/module_state.h"
+
+namespace hvd {
+namespace {
+
+// A group name without dots (core/c10d_names.h reads the slot after the first one).
+std::string Sanitized(std::string group) {
+  std::replace(group.begin(), group.end(), '.', '_');
+  return group;
+}
+
+// What names a call of one op whose request every rank must give alike: its kind,
+// dtype and shape, and its reduction or root ("allreduce.Float[1024].Sum").
+std::string Arguments(const char* what, const Submission& s) {
+  std::string a = std::string(what) + "." + c10::toString(s.input.scalar_type()) + "[";
+  for (int64_t i = 0; i < s.input.dim(); ++i) {
+    a += (i ? "," : "") + std::to_string(s.input.size(i));
+  }
+  a += "]";
+  switch (s.request.type) {
+    case OpType::kAllreduce:
+    case OpType::kReducescatter:
+      return a + "." + ReduceOpName(s.request.op);
+    case OpType::kBroadcast:
+      return a + ".root" + std::to_string(s.request.root);
+    default:
+      return a;
+  }
+}
+
+}  // namespace
+
+C10dCalls::C10dCalls(std::chrono::milliseconds timeout, const std::string& group)
+    : timeout_(timeout), group_(Sanitized(group)) {}
+
+// Waits until the previous call in slot `slot` has completed, and frees its names for
+// this call (its handles may live on in its Work a while longer).
+void C10dCalls::WaitForSlot(uint64_t slot, const char* what) {
+  const auto until = std::chrono::steady_clock::now() + timeout_;
+  for (const auto& h : slots_[slot]) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        until - std::chrono::steady_clock::now());
+    if (!h->Wait(0, std::max(left, std::chrono::milliseconds(0)))) {
+      Fail(std::string(what) + ": timed out waiting for '" + h->name() + "', submitted " +
+           std::to_string(kC10dSlots) +
+           " calls before it on this group, to complete (a peer did not call it)");
+    }
+  }
+  for (const auto& h : slots_[slot]) h->ReleaseName();
+  slots_[slot].clear();
+}
+
+// Names the ops of the next call; *slot gets its slot (none for a send/recv).
+std::vector<std::string> C10dCalls::NamesFor(const char* what, const std::vector<Submission>& subs,
+                                             const std::string& p2p, uint64_t* slot) {
+  if (!p2p.empty()) {
+    const std::string prefix = "c10d." + group_ + ".";
+    return {prefix + p2p + "." + std::to_string(p2p_calls_[p2p]++)};
+  }
+  const uint64_t n = calls_++;
+  *slot = n % kC10dSlots;
+  const bool alike = subs.size() == 1 && subs[0].request.type != OpType::kAlltoall &&
+                     subs[0].request.type != OpType::kControl;
+  if (alike) return {C10dName(group_, n, Arguments(what, subs[0]))};
+  std::vector<std::string> names;
+  for (size_t i = 0; i < subs.size(); ++i) {
+    names.push_back(C10dName(group_, n,
+                             std::string(what) + "#" + std::to_string(n) +
+                                 (subs.size() > 1 ? "." + std::to_string(i) : "")));
+  }
+  return names;
+}
+
+c10::intrusive_ptr<c10d::Work> C10dCalls::Run(c10d::OpType type, const char* what,
+                                              std::vector<Submission> subs,
+                                              std::vector<at::Tensor> outputs, Finish finish,
+                                              const std::string& p2p) {
+  auto call = std::make_shared<CallState>();
+  call->what = what;
+  call->outputs = std::move(outputs);
+  call->finish = std::move(finish);
+  std::vector<c10::Device> devices;
+  for (const auto& t : call->outputs) {
+    if (t.is_cuda() && std::find(devices.begin(), devices.end(), t.device()) == devices.end()) {
+      devices.push_back(t.device());
+    }
+  }
+  call->future = c10::make_intrusive<c10::ivalue::Future>(
+      c10::ListType::create(c10::TensorType::get()), devices);
+  {
+    MutexLock lock(mu_);
+    uint64_t slot = kC10dSlots;  // none (p2p)
+    std::vector<std::string> names = NamesFor(what, subs, p2p, &slot);
+    if (slot < kC10dSlots) WaitForSlot(slot, what);
+    for (size_t i = 0; i < subs.size(); ++i) subs[i].request.name = names[i];
+    if (subs.size() > 1) {
+      const int64_t group = GroupId(names);
+      for (auto& s : subs) {
+        s.request.group_id = group;
+        s.request.group_size = static_cast<int32_t>(subs.size());
+      }
+    }
+    std::vector<std::shared_ptr<HandleState>> states;
+    Status st = SubmitToRuntime(std::move(subs), &states);
+    if (!st.ok()) Fail(std::string(what) + ": " + st.message());
+    if (slot < kC10dSlots) slots_[slot] = states;
+    call->handles = std::move(states);
+  }
+  return StartWork(std::move(call), type, timeout_);
+}
+
+}  // namespace hvd
