@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "core/gpu_backend.h"
+#include "python/module_state.h"
 
 namespace hvd {
 
@@ -97,7 +98,7 @@ class Completer {
         c = std::move(queue_.front());
         queue_.pop_front();
       }
-      Complete(*c);
+      if (!c->claimed.exchange(true)) Complete(*c);
     }
   }
   Mutex mu_;
@@ -107,17 +108,28 @@ class Completer {
 
 class HvdWork : public c10d::Work {
  public:
-  HvdWork(std::shared_ptr<CallState> call, c10d::OpType type, std::chrono::milliseconds timeout)
-      : c10d::Work(-1, type), call_(std::move(call)), timeout_(timeout) {}
+  HvdWork(std::shared_ptr<CallState> call, c10d::OpType type, std::chrono::milliseconds timeout,
+          std::vector<std::shared_ptr<HandleState>> handles)
+      : c10d::Work(-1, type),
+        call_(std::move(call)),
+        timeout_(timeout),
+        handles_(std::move(handles)) {}
   bool isCompleted() override { return call_->completion.Done(); }
   bool isSuccess() const override { return call_->completion.Done() && !call_->completion.Error(); }
   std::exception_ptr exception() const override { return call_->completion.Error(); }
   std::vector<at::Tensor> result() override { return call_->outputs; }
   // Blocks until the ops ran (raising their error); for CUDA tensors the caller's
-  // current streams then wait for them on the GPU.
+  // current streams then wait for them on the GPU. The caller waits for the ops
+  // themselves (spinning first, as hvd.synchronize does) and completes the call on its
+  // own thread unless the completion thread has taken it already: a blocking call
+  // then costs no wake-up of that thread.
   bool wait(std::chrono::milliseconds timeout) override {
     const auto limit = timeout.count() == 0 ? timeout_ : timeout;
-    if (!call_->completion.WaitFor(limit)) {
+    const double spin_us = CurrentWaitSettings().spin_us;
+    bool ran = true;
+    for (const auto& h : handles_) ran = ran && h->Wait(spin_us, limit);
+    if (ran && !call_->claimed.exchange(true)) Complete(*call_);
+    if (!ran || !call_->completion.WaitFor(limit)) {
       Fail(call_->what + " did not complete within " + std::to_string(limit.count()) +
            " ms (a rank has not called it, or is stuck before it)");
     }
@@ -130,6 +142,7 @@ class HvdWork : public c10d::Work {
  private:
   std::shared_ptr<CallState> call_;
   std::chrono::milliseconds timeout_;
+  const std::vector<std::shared_ptr<HandleState>> handles_;  // the call's ops
 };
 
 }  // namespace
@@ -146,7 +159,7 @@ c10::intrusive_ptr<c10d::Work> StartWork(std::shared_ptr<CallState> call, c10d::
       if (--call->remaining == 0) Completer::Get().Push(call);
     });
   }
-  return c10::make_intrusive<HvdWork>(call, type, timeout);
+  return c10::make_intrusive<HvdWork>(call, type, timeout, handles);
 }
 
 }  // namespace hvd

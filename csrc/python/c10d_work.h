@@ -2,12 +2,13 @@
 // the one thread that completes calls.
 //
 // Completion: the background thread completes an op's handles; the last one hands
-// the call's state to one completion thread, which copies results into the caller's
+// the call's state to one completion thread (or a caller of Work.wait() that saw
+// them complete first takes it), which copies results into the caller's
 // tensors where the runtime allocated them (allgather, reduce-scatter, alltoall),
 // then completes the Work's future (for CUDA tensors on a pool stream that waits for
 // the op, so that consumers' streams wait for it and the host does not). User
-// callbacks chained on the future (DDP comm hooks) run there, never on the engine's
-// thread.
+// callbacks chained on the future (DDP comm hooks) run on that thread, never on the
+// engine's.
 #ifndef HOROVOD_TORCH_PYTHON_C10D_WORK_H_
 #define HOROVOD_TORCH_PYTHON_C10D_WORK_H_
 
@@ -70,6 +71,9 @@ struct CallState {
   std::function<void(const std::vector<std::shared_ptr<HandleState>>&)> finish;
   c10::intrusive_ptr<c10::ivalue::Future> future;
   std::atomic<int> remaining{0};  // handles not yet complete
+  // Taken by the thread that completes the call: the completion thread, or a caller of
+  // Work.wait() that saw its ops complete first.
+  std::atomic<bool> claimed{false};
   Completion completion;
 };
 
