@@ -526,9 +526,9 @@ def errors() -> None:
     else:
         raise AssertionError("mismatched shapes did not raise")
     # The same, when each rank's call is a repeat that the response cache serves: both
-    # shapes were called at every slot before (core/c10d_names.h: 4 slots).
+    # shapes were called at every slot before (core/c10d_names.h: 8 slots).
     for shape in (6, 7):
-        for _ in range(5):
+        for _ in range(9):
             dist.all_reduce(torch.ones(shape))
     start = time.monotonic()
     try:
@@ -575,6 +575,25 @@ def repeats() -> None:
     print("ALL_REDUCE rank={} negotiated={} cached={}".format(
         rank, *counted(lambda: [dist.all_reduce(x) for _ in range(20)])), flush=True)
     _same(x, torch.full((1000,), float(size ** 20)), "20 sums")
+    # More calls in flight than slots: the ninth waits for the first, and all complete.
+    ys = [torch.full((3,), float(i)) for i in range(12)]
+    works = [dist.all_reduce(y, async_op=True) for y in ys]
+    for i, (w, y) in enumerate(zip(works, ys)):
+        w.wait()
+        _same(y, torch.full((3,), float(i * size)), f"async call {i}")
+    # Grouped calls repeat too (not from the cache: groups are never cached).
+    for i in range(3):
+        pair = [torch.ones(2), torch.full((5,), float(i))]
+        dist.all_reduce_coalesced(pair)
+        _same(pair[1], torch.full((5,), float(i * size)), "coalesced")
+    # A wait() that completes the call itself: its future's callback runs once.
+    ran = []
+    z = torch.ones(4)
+    w = dist.all_reduce(z, async_op=True)
+    chained = w.get_future().then(lambda f: ran.append(f.value()[0].sum().item()))
+    w.wait()
+    chained.wait()
+    assert w.is_completed() and ran == [4.0 * size], (w.is_completed(), ran)
     model = DDP(_model(0), bucket_cap_mb=0.01)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(rank)
@@ -586,7 +605,7 @@ def repeats() -> None:
                                          torch.randn(8, 4, generator=g)).backward()
             opt.step()
 
-    steps(8)
+    steps(12)  # the names of the buckets DDP rebuilt after its first step, at every slot
     print("DDP rank={} negotiated={} cached={}".format(rank, *counted(lambda: steps(5))),
           flush=True)
     dist.destroy_process_group()

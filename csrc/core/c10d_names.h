@@ -2,10 +2,11 @@
 // coordinator reads from them (Controller::FailDivergedCalls).
 //
 // Every rank issues a c10d group's calls in the same order (torch's rule for every
-// backend). The n-th call is in slot n % kC10dSlots, and it waits for the previous call
-// of its slot to complete before it is submitted. So a rank has at most one call
-// pending in a slot, and when every member has one pending in slot s, it is the same
-// call n everywhere.
+// backend), and numbers them alike. The n-th call is in slot n % kC10dSlots, and it
+// waits for the previous call of its slot to complete before it is submitted (the
+// caller blocks, also for async_op=True: the ninth call of a group in flight waits for
+// the first). So a rank has at most one call pending in a slot, and when every member
+// has one pending in slot s, it is the same call n everywhere.
 //
 // A call of one op whose request every rank must give alike (allreduce, broadcast,
 // allgather, reduce-scatter, ...) is named by its slot, kind and arguments:
@@ -24,7 +25,9 @@
 
 namespace hvd {
 
-constexpr uint64_t kC10dSlots = 4;
+// More slots: fewer callers wait; but up to kC10dSlots names per distinct call (a
+// DDP bucket) fill the response cache (1024 entries by default).
+constexpr uint64_t kC10dSlots = 8;
 
 // "c10d.<group>.<n % kC10dSlots>.<rest>"; `group` must not contain a dot.
 inline std::string C10dName(const std::string& group, uint64_t n, const std::string& rest) {

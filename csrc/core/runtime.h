@@ -119,8 +119,9 @@ class Runtime {
   TunedParams params(bool* autotune_done);
   // Registered process sets: id -> global ranks (0: every rank).
   std::map<int32_t, std::vector<int>> process_sets();
-  // Responses this rank has executed (errors included), over every process set: served
-  // by the response cache without negotiation, and negotiated in full.
+  // Responses this rank has taken, over every process set (errors included, also those
+  // for other ranks' ops): served by the response cache without negotiation, and
+  // negotiated in full.
   uint64_t cached_ops() const { return cached_ops_.load(std::memory_order_relaxed); }
   uint64_t negotiated_ops() const { return negotiated_ops_.load(std::memory_order_relaxed); }
 

@@ -390,8 +390,8 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(r.cycles, r.samples, r.step_s, r.threshold_s, r.straggler, r.wait_site,
                           ranks);
   });
-  // (negotiated, cached): the responses this rank executed, negotiated in full or
-  // served by the response cache; None before hvd.init().
+  // (negotiated, cached): the responses this rank took (Runtime::negotiated_ops), negotiated
+  // in full or served by the response cache; None before hvd.init().
   m.def("negotiation_counts", []() -> py::object {
     MutexLock lock(G().mu);
     if (!G().runtime) return py::none();

@@ -38,16 +38,20 @@ C10dCalls::C10dCalls(std::chrono::milliseconds timeout, const std::string& group
     : timeout_(timeout), group_(Sanitized(group)) {}
 
 // Waits until the previous call in slot `slot` has completed, and frees its names for
-// this call (its handles may live on in its Work a while longer).
+// this call (its handles may live on in its Work a while longer). After a timeout the
+// ranks' call numbers disagree for good: every later call fails at once.
 void C10dCalls::WaitForSlot(uint64_t slot, const char* what) {
+  if (!broken_.empty()) Fail(std::string(what) + ": " + broken_);
   const auto until = std::chrono::steady_clock::now() + timeout_;
   for (const auto& h : slots_[slot]) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         until - std::chrono::steady_clock::now());
     if (!h->Wait(0, std::max(left, std::chrono::milliseconds(0)))) {
-      Fail(std::string(what) + ": timed out waiting for '" + h->name() + "', submitted " +
-           std::to_string(kC10dSlots) +
-           " calls before it on this group, to complete (a peer did not call it)");
+      broken_ = "the group is unusable: '" + h->name() + "', called " + std::to_string(kC10dSlots) +
+                " calls before '" + what +
+                "', did not complete within the group's timeout (a peer did not call it); "
+                "destroy the process group and create it again";
+      Fail(std::string(what) + ": " + broken_);
     }
   }
   for (const auto& h : slots_[slot]) h->ReleaseName();

@@ -6,7 +6,8 @@
 // group, its slot n % kC10dSlots, and its kind and arguments (core/c10d_names.h):
 // names that repeat from step to step, which the response cache serves without a
 // negotiation round. A call waits for the previous call of its slot to complete before
-// it is submitted. A send or recv is named by its sender, receiver, tag and count.
+// it is submitted (the caller blocks). A send or recv is named by its sender, receiver,
+// tag and count.
 //
 // Threading: one call at a time per group (a mutex), from any thread.
 #ifndef HOROVOD_TORCH_PYTHON_C10D_CALLS_H_
@@ -53,6 +54,7 @@ class C10dCalls {
   const std::string group_;  // without dots: groups sharing a process set differ by it
   Mutex mu_;                 // every rank must name its calls in the same order
   uint64_t calls_ HVD_GUARDED_BY(mu_) = 0;
+  std::string broken_ HVD_GUARDED_BY(mu_);  // why every call fails (WaitForSlot)
   // Each slot's last call's ops (core/c10d_names.h).
   std::vector<std::shared_ptr<HandleState>> slots_[kC10dSlots] HVD_GUARDED_BY(mu_);
   std::map<std::string, uint64_t> p2p_calls_ HVD_GUARDED_BY(mu_);  // by sender, receiver, tag

@@ -109,11 +109,11 @@ class Completer {
 class HvdWork : public c10d::Work {
  public:
   HvdWork(std::shared_ptr<CallState> call, c10d::OpType type, std::chrono::milliseconds timeout,
-          std::vector<std::shared_ptr<HandleState>> handles)
+          const std::vector<std::shared_ptr<HandleState>>& handles)
       : c10d::Work(-1, type),
         call_(std::move(call)),
         timeout_(timeout),
-        handles_(std::move(handles)) {}
+        handles_(handles.begin(), handles.end()) {}
   bool isCompleted() override { return call_->completion.Done(); }
   bool isSuccess() const override { return call_->completion.Done() && !call_->completion.Error(); }
   std::exception_ptr exception() const override { return call_->completion.Error(); }
@@ -124,12 +124,21 @@ class HvdWork : public c10d::Work {
   // own thread unless the completion thread has taken it already: a blocking call
   // then costs no wake-up of that thread.
   bool wait(std::chrono::milliseconds timeout) override {
+    using Clock = std::chrono::steady_clock;
     const auto limit = timeout.count() == 0 ? timeout_ : timeout;
+    const auto until = Clock::now() + limit;
+    auto left = [&] {
+      return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()),
+                      std::chrono::milliseconds(0));
+    };
     const double spin_us = CurrentWaitSettings().spin_us;
     bool ran = true;
-    for (const auto& h : handles_) ran = ran && h->Wait(spin_us, limit);
+    for (const auto& weak : handles_) {
+      // Gone: the call was completed already (Complete() dropped the handles).
+      if (auto h = weak.lock()) ran = ran && h->Wait(spin_us, left());
+    }
     if (ran && !call_->claimed.exchange(true)) Complete(*call_);
-    if (!ran || !call_->completion.WaitFor(limit)) {
+    if (!ran || !call_->completion.WaitFor(left())) {
       Fail(call_->what + " did not complete within " + std::to_string(limit.count()) +
            " ms (a rank has not called it, or is stuck before it)");
     }
@@ -142,14 +151,15 @@ class HvdWork : public c10d::Work {
  private:
   std::shared_ptr<CallState> call_;
   std::chrono::milliseconds timeout_;
-  const std::vector<std::shared_ptr<HandleState>> handles_;  // the call's ops
+  // The call's ops, not kept alive: Complete() drops them (and their outputs) at once.
+  const std::vector<std::weak_ptr<HandleState>> handles_;
 };
 
 }  // namespace
 
 c10::intrusive_ptr<c10d::Work> StartWork(std::shared_ptr<CallState> call, c10d::OpType type,
                                          std::chrono::milliseconds timeout) {
-  // A copy: once the last op completes, the completion thread drops call->handles.
+  // A copy: once the last op completes, whoever completes the call drops call->handles.
   const std::vector<std::shared_ptr<HandleState>> handles = call->handles;
   call->remaining = static_cast<int>(handles.size());
   for (const auto& h : handles) {

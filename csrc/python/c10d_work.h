@@ -62,7 +62,8 @@ class Completion {
   std::exception_ptr error_ HVD_GUARDED_BY(mu_);
 };
 
-// One torch.distributed call in flight.
+// One torch.distributed call in flight. Once submitted, `handles`, `finish` and
+// `future` are touched only by the thread that took `claimed`.
 struct CallState {
   std::string what;                                   // "allreduce", for messages
   std::vector<std::shared_ptr<HandleState>> handles;  // its ops (dropped once complete)
@@ -78,7 +79,8 @@ struct CallState {
 };
 
 // Watches `call`'s handles (its ops, submitted) and returns its Work: once the last
-// op completes, the completion thread runs finish() and completes the future.
+// op completes, the completion thread (or a caller of wait()) runs finish() and
+// completes the future.
 // `timeout` bounds wait() without a timeout of its own.
 c10::intrusive_ptr<c10d::Work> StartWork(std::shared_ptr<CallState> call, c10d::OpType type,
                                          std::chrono::milliseconds timeout);
