@@ -179,6 +179,8 @@ def test_send_and_recv_between_two_ranks(size):
         assert f"OK rank={r.rank}" in r.output, describe(results)
     for r in results[:2]:
         assert re.search(rf"MISMATCH rank={r.rank} \w+: .*Mismatched", r.output), describe(results)
+        assert re.search(rf"ANY_MISMATCH rank={r.rank} \w+: .*Mismatched tensor shapes",
+                         r.output), describe(results)
 
 
 def test_a_rank_that_exits_early_leaves_the_others_groups_running():

@@ -234,7 +234,7 @@ def p2p() -> None:
     """send/recv between two ranks (3 or more ranks): blocking and non-blocking rings,
     batch_isend_irecv, tags that arrive out of order, shapes that differ but hold as
     many elements, a group's ranks, interleaved with collectives; a size mismatch fails
-    on both ranks and the group goes on; recv from any source is refused."""
+    on both ranks and the group goes on; receives from any source."""
     rank, size = _init()
     _check_p2p(rank, size)
     dist.destroy_process_group()
@@ -326,12 +326,43 @@ def _check_p2p(rank: int, size: int) -> None:
         t = torch.full((2,), 7.0) if rank == 0 else torch.empty(2)
         (dist.send(t, dst=1) if rank == 0 else dist.recv(t, src=0))
         _same(t, torch.full((2,), 7.0), "after the mismatch")
-    try:
-        dist.recv(torch.empty(1))
-    except Exception as exc:  # noqa: BLE001
-        assert "any source" in str(exc), exc
+    # Receives from any source: every other rank sends rank 0 two messages with tag 3;
+    # rank 0 takes them with recv and irecv from any source, in whatever order they
+    # come, and learns each sender. Then a recv that names its sender still meets that
+    # sender's next send, and a size mismatch fails on both ranks.
+    if rank == 0:
+        senders = []
+        for i in range(2 * (size - 1)):
+            got = torch.empty(4)
+            if i % 2 == 0:
+                sender = dist.recv(got, tag=3)
+            else:
+                work = dist.irecv(got, tag=3)
+                work.wait()
+                sender = work._source_rank()
+            _same(got, torch.full((4,), float(sender)), "from any source")
+            senders.append(sender)
+        assert sorted(senders) == sorted(list(range(1, size)) * 2), senders
+        got = torch.empty(4)
+        dist.recv(got, src=1, tag=3)
+        _same(got, torch.full((4,), 100.0), "named after any")
+        try:
+            dist.recv(torch.empty(5), tag=4)
+        except Exception as exc:  # noqa: BLE001
+            print(f"ANY_MISMATCH rank={rank} {type(exc).__name__}: {exc}", flush=True)
+        else:
+            raise AssertionError("a size mismatch from any source did not raise")
     else:
-        raise AssertionError("recv from any source did not raise")
+        for _ in range(2):
+            dist.send(torch.full((4,), float(rank)), dst=0, tag=3)
+        if rank == 1:
+            dist.send(torch.full((4,), 100.0), dst=0, tag=3)
+            try:
+                dist.send(torch.ones(4), dst=0, tag=4)
+            except Exception as exc:  # noqa: BLE001
+                print(f"ANY_MISMATCH rank={rank} {type(exc).__name__}: {exc}", flush=True)
+            else:
+                raise AssertionError("a size mismatch to a recv from any source did not raise")
     dist.barrier()
 
 

@@ -21,7 +21,9 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
+#include <vector>
 
 namespace hvd {
 
@@ -44,6 +46,47 @@ inline std::string C10dSlotOf(const std::string& name) {
   while (i < name.size() && name[i] >= '0' && name[i] <= '9') ++i;
   if (i == group_end + 1 || i >= name.size() || name[i] != '.') return "";
   return name.substr(0, i);
+}
+
+// A send or recv (no slot): "c10d.<group>.p2p.<from>.<to>.<tag>.<k>", the k-th from
+// `from` to `to` with `tag`, counted on both sides; a receive from any source:
+// "c10d.<group>.p2pany.<to>.<tag>.<j>", the j-th of `to` with `tag`, which the
+// coordinator pairs with a pending send (Controller::BindAnySource).
+struct P2pName {
+  std::string group;
+  int64_t from = -1;  // -1: a receive from any source
+  int64_t to = -1;
+  int64_t tag = 0;
+};
+
+inline std::string P2pCallName(const std::string& group, const P2pName& p, uint64_t count) {
+  const std::string tail =
+      std::to_string(p.to) + "." + std::to_string(p.tag) + "." + std::to_string(count);
+  return "c10d." + group + (p.from < 0 ? ".p2pany." : ".p2p." + std::to_string(p.from) + ".") +
+         tail;
+}
+
+// Parses a name P2pCallName made; false for any other.
+inline bool ParseP2pName(const std::string& name, P2pName* out) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  for (size_t dot; (dot = name.find('.', start)) != std::string::npos; start = dot + 1) {
+    parts.push_back(name.substr(start, dot - start));
+  }
+  parts.push_back(name.substr(start));
+  const bool any = parts.size() == 6 && parts[2] == "p2pany";
+  if (parts[0] != "c10d" || !(any || (parts.size() == 7 && parts[2] == "p2p"))) return false;
+  std::vector<int64_t> v;
+  for (size_t i = 3; i < parts.size(); ++i) {
+    char* end = nullptr;
+    v.push_back(std::strtoll(parts[i].c_str(), &end, 10));
+    if (parts[i].empty() || *end != '\0') return false;
+  }
+  out->group = parts[1];
+  out->from = any ? -1 : v[0];
+  out->to = v[any ? 0 : 1];
+  out->tag = v[any ? 1 : 2];
+  return true;
 }
 
 }  // namespace hvd

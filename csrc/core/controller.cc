@@ -273,6 +273,7 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
       ++p.count;
     }
   }
+  BindAnySource();
   std::map<int64_t, std::string> failed_groups;  // every rank's group id of a failed name
   FailBesideJoin(lists, &failed_groups, &out);
   // Cached repeats: ready when every rank that has not joined has it pending (none,
@@ -314,7 +315,7 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
     bool complete = r0.control.kind == ControlKind::kJoin ? p.count == size
                     : Submitters(p) != nullptr            ? AllMembersIn(p)
                                                           : ready_count(p) == size;
-    if (!complete) continue;
+    if (!complete || IsAnyRecv(r0)) continue;  // a receive from any source waits for a send
     if (r0.group_id != 0 && group_ready[r0.group_id] < r0.group_size) continue;
     ready.emplace_back(p.order, kv.first);
   }
@@ -322,6 +323,7 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
   for (const auto& o : ready) {
     const Pending& p = table_[o.second];
     Response resp = p.count == size ? Match(p.by_rank, size) : MatchSubmitted(p.by_rank, size);
+    resp.alias = p.alias;
     if (!resp.error.empty()) {
       // An error response carries rank_rows only to name the submitters of a failed
       // group's leftover member (FailRestOfFailedGroups); every rank takes this one.

@@ -139,6 +139,7 @@ class Controller {
     uint64_t order = 0;  // arrival order, for a stable response order
     std::chrono::steady_clock::time_point since;
     std::vector<std::chrono::steady_clock::time_point> arrived;  // per rank (straggler monitor)
+    std::string alias;  // a send paired with a receive from any source: the receiver's name
   };
   // The ranks that submit a pending name: null for every rank; an op's participants
   // (send/recv), an add_process_set_of_members' ranks. AllMembersIn: such a name is
@@ -161,6 +162,9 @@ class Controller {
                       std::map<int64_t, std::string>* failed_groups, ResponseList* out);
   // failed: group id (of any rank's request of a failed name) -> its error.
   void FailRestOfFailedGroups(const std::map<int64_t, std::string>& failed, ResponseList* out);
+  // Coordinator, before matching: pairs each receive from any source with the earliest
+  // pending send to its rank with its tag that no recv has taken.
+  void BindAnySource();
   // Coordinator, after matching: torch.distributed calls that differ between ranks
   // (core/c10d_names.h) fail on every rank with the mismatch error.
   void FailDivergedCalls(const std::vector<RequestList>& lists, ResponseList* out);

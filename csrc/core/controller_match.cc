@@ -119,6 +119,58 @@ void Controller::FailRestOfFailedGroups(const std::map<int64_t, std::string>& fa
   }
 }
 
+// A receive from any source (IsAnyRecv; core/c10d_names.h) becomes the receiving side
+// of the earliest pending send to its rank, of its group and tag, whose receiver has
+// not submitted a recv for it: the send then completes as a send/recv does, and its
+// response carries the receive's name as `alias`, under which the receiver runs it.
+// The receiver waits for its receives from any source of a tag to complete before it
+// posts a recv from a named rank with that tag, so that it numbers that recv after
+// the messages those took (c10d_calls.cc).
+void Controller::BindAnySource() {
+  std::vector<std::pair<uint64_t, std::string>> anys;
+  for (const auto& kv : table_) {
+    const Request* r0 = Submitted(kv.second.by_rank);
+    if (r0 != nullptr && IsAnyRecv(*r0)) anys.emplace_back(kv.second.order, kv.first);
+  }
+  std::sort(anys.begin(), anys.end());
+  for (const auto& a : anys) {
+    P2pName want;
+    if (!ParseP2pName(a.second, &want)) continue;
+    const size_t to = static_cast<size_t>(want.to);
+    std::string best;
+    uint64_t best_order = UINT64_MAX;
+    size_t from = 0;
+    for (const auto& kv : table_) {
+      P2pName got;
+      if (kv.second.order >= best_order || !ParseP2pName(kv.first, &got) || got.from < 0 ||
+          got.group != want.group || got.to != want.to || got.tag != want.tag ||
+          to >= kv.second.by_rank.size() ||
+          static_cast<size_t>(got.from) >= kv.second.by_rank.size() ||
+          !kv.second.by_rank[to].name.empty() ||
+          kv.second.by_rank[static_cast<size_t>(got.from)].name.empty()) {
+        continue;
+      }
+      best = kv.first;
+      best_order = kv.second.order;
+      from = static_cast<size_t>(got.from);
+    }
+    if (best.empty()) continue;
+    Pending& any = table_[a.second];
+    Pending& send = table_[best];
+    const Request& sent = send.by_rank[from];
+    Request recv = any.by_rank[to];
+    recv.name = best;
+    recv.root = sent.root;
+    recv.participants = sent.participants;
+    send.by_rank[to] = std::move(recv);
+    ++send.count;
+    if (send.arrived.size() > to && any.arrived.size() > to) send.arrived[to] = any.arrived[to];
+    send.alias = a.second;
+    if (timeline_ != nullptr) timeline_->NegotiateEnd(a.second);
+    table_.erase(a.second);
+  }
+}
+
 // A torch.distributed call is named by its arguments (core/c10d_names.h), so a call
 // whose arguments differ between ranks has a different name on each, and no name would
 // ever be ready. A slot in which every rank has a call pending holds the same call on

@@ -120,6 +120,9 @@ class HandleState {
   }
   // The op's name ("" for a handle made without one).
   const std::string& name() const { return name_; }
+  // A receive from any source: the sending rank, set before Complete (else -1).
+  void SetSource(int rank) { source_.store(rank, std::memory_order_relaxed); }
+  int source() const { return source_.load(std::memory_order_relaxed); }
   // Complete (the host's part; see Poll for GPU ops).
   bool done() const { return done_flag_.load(std::memory_order_acquire); }
   // Done, and for GPU ops also finished on the device.
@@ -170,6 +173,7 @@ class HandleState {
   const std::shared_ptr<NameReservations> names_;                     // may be null
   const std::string name_;
   std::atomic<bool> name_released_{false};
+  std::atomic<int> source_{-1};
 };
 
 class HandleTable {

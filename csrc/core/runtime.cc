@@ -420,6 +420,10 @@ Status Runtime::Execute(ProcessSetState& ps, const std::vector<Response>& respon
       for (size_t i : batch) {
         const Response& resp = responses[i];
         auto it = pending_.find(resp.name);
+        if (it == pending_.end() && !resp.alias.empty()) {  // this rank received from any source
+          it = pending_.find(resp.alias);
+          if (it != pending_.end()) it->second.handle->SetSource(resp.root);
+        }
         const bool not_ours =  // an error for other ranks' op (a failed group's member,
                                // an op beside a join) that this rank did not submit
             !resp.error.empty() && !resp.rank_rows.empty() &&

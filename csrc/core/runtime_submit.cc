@@ -82,8 +82,10 @@ Status Runtime::CheckLocal(const Submission& s, const std::vector<int>* set_rank
     const auto& p = r.participants;
     const int64_t me =
         std::find(set_ranks->begin(), set_ranks->end(), world_.rank) - set_ranks->begin();
-    if (r.type != OpType::kBroadcast || p.size() != 2 || p[0] < 0 || p[0] >= p[1] ||
-        p[1] >= set_size || (me != p[0] && me != p[1]) || (r.root != p[0] && r.root != p[1])) {
+    const bool any = IsAnyRecv(r) && p[0] == me;  // a receive from any source
+    if (!any &&
+        (r.type != OpType::kBroadcast || p.size() != 2 || p[0] < 0 || p[0] >= p[1] ||
+         p[1] >= set_size || (me != p[0] && me != p[1]) || (r.root != p[0] && r.root != p[1]))) {
       return Status::InvalidArgument(
           "internal: a point-to-point op is a broadcast between two distinct ranks of the "
           "set, this rank one of them ('" +

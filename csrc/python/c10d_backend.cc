@@ -302,8 +302,19 @@ class HvdBackend : public c10d::Backend {
     return PointToPoint(c10d::OpType::RECV, "recv", tensors, src, getRank(), tag);
   }
 
-  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>&, int) override {
-    Fail("recv from any source (src=None) is not supported; name the sending rank");
+  // Paired by the coordinator with a send to this rank with `tag` (core/c10d_names.h);
+  // the Work's sourceRank() says from whom.
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override {
+    if (tensors.size() != 1) Fail("recv takes one tensor");
+    CheckDense(tensors[0], "recv");
+    Submission s = Sub(OpType::kBroadcast, tensors[0].view({-1}));
+    s.output = s.input;
+    s.request.root = -1;
+    s.request.participants = {getRank()};
+    P2pName p2p;
+    p2p.to = getRank();
+    p2p.tag = tag;
+    return Run(c10d::OpType::RECVANYSOURCE, "recv", {std::move(s)}, tensors, nullptr, &p2p);
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
@@ -408,14 +419,16 @@ class HvdBackend : public c10d::Backend {
     s.output = s.input;
     s.request.root = from;
     s.request.participants = {std::min(from, to), std::max(from, to)};
-    return Run(
-        type, what, {std::move(s)}, tensors, nullptr,
-        "p2p." + std::to_string(from) + "." + std::to_string(to) + "." + std::to_string(tag));
+    P2pName p2p;
+    p2p.from = from;
+    p2p.to = to;
+    p2p.tag = tag;
+    return Run(type, what, {std::move(s)}, tensors, nullptr, &p2p);
   }
 
   c10::intrusive_ptr<c10d::Work> Run(c10d::OpType type, const char* what,
                                      std::vector<Submission> subs, std::vector<at::Tensor> outputs,
-                                     Finish finish, const std::string& p2p = "") {
+                                     Finish finish, const P2pName* p2p = nullptr) {
     return calls_.Run(type, what, std::move(subs), std::move(outputs), std::move(finish), p2p);
   }
 

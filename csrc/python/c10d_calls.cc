@@ -58,12 +58,39 @@ void C10dCalls::WaitForSlot(uint64_t slot, const char* what) {
   slots_[slot].clear();
 }
 
+void C10dCalls::SettleAnySource(const int64_t* tag, const char* what) {
+  const auto until = std::chrono::steady_clock::now() + timeout_;
+  for (auto it = any_.begin(); it != any_.end();) {
+    const std::shared_ptr<HandleState>& h = it->second;
+    if (tag != nullptr && it->first == *tag) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          until - std::chrono::steady_clock::now());
+      if (!h->Wait(0, std::max(left, std::chrono::milliseconds(0)))) {
+        Fail(std::string(what) + ": timed out waiting for the receive from any source '" +
+             h->name() + "' posted before it with the same tag");
+      }
+    }
+    if (!h->done()) {
+      ++it;
+      continue;
+    }
+    if (h->source() >= 0) {  // paired with a send (also when the pair failed)
+      P2pName parsed;
+      ParseP2pName(h->name(), &parsed);
+      ++p2p_calls_[std::to_string(h->source()) + "." + std::to_string(parsed.to) + "." +
+                   std::to_string(it->first)];
+    }
+    it = any_.erase(it);
+  }
+}
+
 // Names the ops of the next call; *slot gets its slot (none for a send/recv).
 std::vector<std::string> C10dCalls::NamesFor(const char* what, const std::vector<Submission>& subs,
-                                             const std::string& p2p, uint64_t* slot) {
-  if (!p2p.empty()) {
-    const std::string prefix = "c10d." + group_ + ".";
-    return {prefix + p2p + "." + std::to_string(p2p_calls_[p2p]++)};
+                                             const P2pName* p2p, uint64_t* slot) {
+  if (p2p != nullptr) {
+    const std::string key =
+        std::to_string(p2p->from) + "." + std::to_string(p2p->to) + "." + std::to_string(p2p->tag);
+    return {P2pCallName(group_, *p2p, p2p_calls_[key]++)};
   }
   const uint64_t n = calls_++;
   *slot = n % kC10dSlots;
@@ -82,7 +109,7 @@ std::vector<std::string> C10dCalls::NamesFor(const char* what, const std::vector
 c10::intrusive_ptr<c10d::Work> C10dCalls::Run(c10d::OpType type, const char* what,
                                               std::vector<Submission> subs,
                                               std::vector<at::Tensor> outputs, Finish finish,
-                                              const std::string& p2p) {
+                                              const P2pName* p2p) {
   auto call = std::make_shared<CallState>();
   call->what = what;
   call->outputs = std::move(outputs);
@@ -97,6 +124,8 @@ c10::intrusive_ptr<c10d::Work> C10dCalls::Run(c10d::OpType type, const char* wha
       c10::ListType::create(c10::TensorType::get()), devices);
   {
     MutexLock lock(mu_);
+    const bool named_recv = p2p != nullptr && p2p->from >= 0 && type == c10d::OpType::RECV;
+    SettleAnySource(named_recv ? &p2p->tag : nullptr, what);
     uint64_t slot = kC10dSlots;  // none (p2p)
     std::vector<std::string> names = NamesFor(what, subs, p2p, &slot);
     if (slot < kC10dSlots) WaitForSlot(slot, what);
@@ -112,6 +141,10 @@ c10::intrusive_ptr<c10d::Work> C10dCalls::Run(c10d::OpType type, const char* wha
     Status st = SubmitToRuntime(std::move(subs), &states);
     if (!st.ok()) Fail(std::string(what) + ": " + st.message());
     if (slot < kC10dSlots) slots_[slot] = states;
+    if (p2p != nullptr && p2p->from < 0) {
+      any_.emplace_back(p2p->tag, states[0]);
+      call->from_any = true;
+    }
     call->handles = std::move(states);
   }
   return StartWork(std::move(call), type, timeout_);

@@ -7,7 +7,7 @@
 // names that repeat from step to step, which the response cache serves without a
 // negotiation round. A call waits for the previous call of its slot to complete before
 // it is submitted (the caller blocks). A send or recv is named by its sender, receiver,
-// tag and count.
+// tag and count; a receive from any source by its receiver, tag and count.
 //
 // Threading: one call at a time per group (a mutex), from any thread.
 #ifndef HOROVOD_TORCH_PYTHON_C10D_CALLS_H_
@@ -39,16 +39,20 @@ class C10dCalls {
 
   // Submits `subs` (one op each; several: an atomic group) as the group's next call
   // and returns its Work; throws DistBackendError when the runtime refuses them.
-  // `p2p`: a send/recv's "p2p.<sender>.<receiver>.<tag>", which numbers its names
-  // instead of the group's order.
+  // `p2p`: a send/recv's sender, receiver and tag (sender -1: a receive from any
+  // source), which number its name instead of the group's order.
   c10::intrusive_ptr<c10d::Work> Run(c10d::OpType type, const char* what,
                                      std::vector<Submission> subs, std::vector<at::Tensor> outputs,
-                                     Finish finish, const std::string& p2p = "");
+                                     Finish finish, const P2pName* p2p = nullptr);
 
  private:
   std::vector<std::string> NamesFor(const char* what, const std::vector<Submission>& subs,
-                                    const std::string& p2p, uint64_t* slot) HVD_REQUIRES(mu_);
+                                    const P2pName* p2p, uint64_t* slot) HVD_REQUIRES(mu_);
   void WaitForSlot(uint64_t slot, const char* what) HVD_REQUIRES(mu_);
+  // Counts each message a completed receive from any source took as one from its
+  // sender, and forgets it. Before a recv from a named rank with `tag` (non-null), first
+  // waits for this rank's receives from any source with that tag.
+  void SettleAnySource(const int64_t* tag, const char* what) HVD_REQUIRES(mu_);
 
   const std::chrono::milliseconds timeout_;
   const std::string group_;  // without dots: groups sharing a process set differ by it
@@ -57,7 +61,10 @@ class C10dCalls {
   std::string broken_ HVD_GUARDED_BY(mu_);  // why every call fails (WaitForSlot)
   // Each slot's last call's ops (core/c10d_names.h).
   std::vector<std::shared_ptr<HandleState>> slots_[kC10dSlots] HVD_GUARDED_BY(mu_);
-  std::map<std::string, uint64_t> p2p_calls_ HVD_GUARDED_BY(mu_);  // by sender, receiver, tag
+  // By "<sender>.<receiver>.<tag>" (sender -1: receives from any source).
+  std::map<std::string, uint64_t> p2p_calls_ HVD_GUARDED_BY(mu_);
+  // Receives from any source not yet counted by their sender: tag, op.
+  std::vector<std::pair<int64_t, std::shared_ptr<HandleState>>> any_ HVD_GUARDED_BY(mu_);
 };
 
 }  // namespace hvd

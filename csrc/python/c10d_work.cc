@@ -64,6 +64,7 @@ void Complete(CallState& c) {
     error = DistError("hvd backend: " + c.what + " failed: " + message);
     if (!c.future->completed()) c.future->setError(error);
   }
+  if (c.from_any && !c.handles.empty()) c.source = c.handles[0]->source();
   c.handles.clear();  // the runtime's outputs, copied where they belong
   c.finish = nullptr;
   c.completion.MarkDone(error);
@@ -147,6 +148,10 @@ class HvdWork : public c10d::Work {
     return true;
   }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return call_->future; }
+  // A receive from any source: the group rank it received from (-1 before it completed).
+  int sourceRank() const override {
+    return call_->from_any ? call_->source.load() : c10d::Work::sourceRank();
+  }
 
  private:
   std::shared_ptr<CallState> call_;

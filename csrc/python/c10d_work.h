@@ -75,6 +75,8 @@ struct CallState {
   // Taken by the thread that completes the call: the completion thread, or a caller of
   // Work.wait() that saw its ops complete first.
   std::atomic<bool> claimed{false};
+  bool from_any = false;        // a receive from any source
+  std::atomic<int> source{-1};  // its sender, once complete
   Completion completion;
 };
 

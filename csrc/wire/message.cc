@@ -5,10 +5,10 @@
 namespace hvd {
 namespace {
 
-// The magics change with the layout (2: participants), so that ranks of different
-// builds fail on the first message instead of decoding garbage.
+// The magics change with the layout (2: participants; 3: a response's alias), so that
+// ranks of different builds fail on the first message instead of decoding garbage.
 constexpr uint32_t kRequestMagic = 0x48565132;   // "HVQ2"
-constexpr uint32_t kResponseMagic = 0x48565332;  // "HVS2"
+constexpr uint32_t kResponseMagic = 0x48565333;  // "HVS3"
 
 // A control op's fields follow its kind; a data op has only the kind (kNone).
 void Put(Writer& w, const ControlOp& c) {
@@ -82,6 +82,7 @@ void Put(Writer& w, const Response& r) {
   w.Bool(r.on_gpu);
   w.I64s(r.participants);
   Put(w, r.control);
+  w.Str(r.alias);
 }
 
 Response GetResponse(Reader& rd) {
@@ -100,6 +101,7 @@ Response GetResponse(Reader& rd) {
   r.on_gpu = rd.Bool();
   r.participants = rd.I64s();
   r.control = GetControl(rd);
+  r.alias = rd.Str();
   return r;
 }
 

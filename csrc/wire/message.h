@@ -80,6 +80,8 @@ struct Request {
   // Empty: every rank of the process set takes part. Else the set ranks that do,
   // ascending; the op is ready once each of them submitted it, and the others skip it.
   // A broadcast between two ranks is a send from its root to the other (c10d send/recv).
+  // One rank, with root -1: a receive from any source (IsAnyRecv), which the coordinator
+  // pairs with a send to that rank (Controller::BindAnySource).
   std::vector<int64_t> participants;
   ControlOp control;  // kControl only
 
@@ -121,7 +123,14 @@ struct Response {
   bool on_gpu = false;                // CUDA tensors: run by the GPU backend
   std::vector<int64_t> participants;  // as the Request's
   ControlOp control;                  // kControl only
+  // A send paired with a receive from any source: the receiver's name for this op.
+  std::string alias;
 };
+
+template <typename Message>
+bool IsAnyRecv(const Message& m) {
+  return m.type == OpType::kBroadcast && m.participants.size() == 1 && m.root == -1;
+}
 
 // The coordinator's straggler measurement (core/straggler.h), sent to every rank:
 // per rank, how far behind the first rank its requests arrived.

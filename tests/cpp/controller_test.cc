@@ -534,6 +534,76 @@ TEST(Controller, DivergedCachedC10dCallsFailWithinASecond) {
   }
 }
 
+Request P2pReq(int64_t from, int64_t to, int64_t tag, uint64_t k, int64_t receiver_of_any = -1) {
+  P2pName n;
+  n.group = "0";
+  n.from = from;
+  n.to = to;
+  n.tag = tag;
+  Request r = Req(P2pCallName("0", n, k), {4}, OpType::kBroadcast);
+  if (from < 0) {  // a receive from any source
+    r.root = -1;
+    r.participants = {receiver_of_any};
+  } else {
+    r.root = static_cast<int32_t>(from);
+    r.participants = {std::min(from, to), std::max(from, to)};
+  }
+  return r;
+}
+
+TEST(C10dNames, PointToPointNames) {
+  P2pName n;
+  ASSERT_TRUE(ParseP2pName("c10d.7.p2p.2.0.-3.5", &n));
+  EXPECT_EQ(n.group, "7");
+  EXPECT_EQ(n.from, 2);
+  EXPECT_EQ(n.to, 0);
+  EXPECT_EQ(n.tag, -3);
+  ASSERT_TRUE(ParseP2pName(P2pCallName("0", {"0", -1, 1, 4}, 2), &n));
+  EXPECT_EQ(P2pCallName("0", {"0", -1, 1, 4}, 2), "c10d.0.p2pany.1.4.2");
+  EXPECT_EQ(n.from, -1);
+  EXPECT_EQ(n.to, 1);
+  EXPECT_EQ(n.tag, 4);
+  EXPECT_FALSE(ParseP2pName("c10d.0.p2p.1.x.0.0", &n));
+  EXPECT_FALSE(ParseP2pName("c10d.0.1.allreduce.Float[4].Sum", &n));
+  EXPECT_FALSE(ParseP2pName("c10d.0.p2pany.1.4", &n));
+}
+
+// Receives from any source take the pending sends to their rank with their tag in
+// the order the sends arrived, never one that a named recv has taken or of another
+// tag; the response carries the receive's name for the receiver.
+TEST(Controller, ReceivesFromAnySourceTakeSendsInArrivalOrder) {
+  Watchdog wd(60, "ReceivesFromAnySourceTakeSendsInArrivalOrder");
+  Ranks ranks;
+  Status st = MakeRanks(3, {16, 16, 16}, &ranks);
+  ASSERT_TRUE(st.ok()) << st.message();
+  const Request any0 = P2pReq(-1, 0, 5, 0, 0), any1 = P2pReq(-1, 0, 5, 1, 0);
+  const Request from2 = P2pReq(2, 0, 5, 0), from1 = P2pReq(1, 0, 5, 0);
+  const Request other_tag = P2pReq(1, 0, 6, 0), named = P2pReq(2, 0, 5, 1);
+  Schedule s = {{{0, {named, any0, any1}}},     // rank 0: a named recv (2's second), two any
+                {{1, {other_tag, from1}}},      // rank 1, a cycle later
+                {{0, {from2}}, {2, {named}}}};  // rank 2: two sends to 0, tag 5
+  RunLog log = RunCycles(ranks, s, 4);
+  ASSERT_NO_FATAL_FAILURE(ExpectIdentical(log, 4));
+  auto at = ReleaseCycles(log);
+  EXPECT_EQ(at[from2.name], 0);
+  EXPECT_EQ(at[from1.name], 1);
+  EXPECT_EQ(at[named.name], 2);
+  EXPECT_EQ(at.count(other_tag.name), 0u) << "a send of another tag was taken";
+  EXPECT_EQ(at.count(any0.name), 0u);  // run under the sends' names
+  for (int r = 0; r < 3; ++r) {
+    const Response* a = Find(log, r, from2.name);
+    const Response* b = Find(log, r, from1.name);
+    const Response* c = Find(log, r, named.name);
+    ASSERT_TRUE(a && b && c);
+    EXPECT_EQ(a->alias, any0.name);
+    EXPECT_EQ(a->root, 2);
+    EXPECT_EQ(b->alias, any1.name);
+    EXPECT_EQ(b->root, 1);
+    EXPECT_EQ(c->alias, "");
+    for (const Response* x : {a, b, c}) EXPECT_EQ(x->error, "") << x->name;
+  }
+}
+
 TEST(Controller, GroupReleasedOnlyWhenCompleteEverywhere) {
   Watchdog wd(60, "GroupReleasedOnlyWhenCompleteEverywhere");
   Ranks ranks;
