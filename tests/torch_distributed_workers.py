@@ -331,7 +331,7 @@ def _check_p2p(rank: int, size: int) -> None:
     # come, and learns each sender. Then a recv that names its sender still meets that
     # sender's next send, and a size mismatch fails on both ranks.
     if rank == 0:
-        senders = []
+        seen = {}  # sender -> the values received from it, in order
         for i in range(2 * (size - 1)):
             got = torch.empty(4)
             if i % 2 == 0:
@@ -340,9 +340,11 @@ def _check_p2p(rank: int, size: int) -> None:
                 work = dist.irecv(got, tag=3)
                 work.wait()
                 sender = work._source_rank()
-            _same(got, torch.full((4,), float(sender)), "from any source")
-            senders.append(sender)
-        assert sorted(senders) == sorted(list(range(1, size)) * 2), senders
+            seen.setdefault(sender, []).append(got[0].item())
+            _same(got, torch.full((4,), got[0].item()), "from any source")
+        # Each sender's two messages, in the order it sent them.
+        assert seen == {s: [10.0 * s, 10.0 * s + 1] for s in range(1, size)}, seen
+        dist.send(torch.zeros(1), dst=1, tag=7)  # rank 1 sends its next one after this
         got = torch.empty(4)
         dist.recv(got, src=1, tag=3)
         _same(got, torch.full((4,), 100.0), "named after any")
@@ -353,9 +355,10 @@ def _check_p2p(rank: int, size: int) -> None:
         else:
             raise AssertionError("a size mismatch from any source did not raise")
     else:
-        for _ in range(2):
-            dist.send(torch.full((4,), float(rank)), dst=0, tag=3)
+        for i in range(2):
+            dist.send(torch.full((4,), 10.0 * rank + i), dst=0, tag=3)
         if rank == 1:
+            dist.recv(torch.empty(1), src=0, tag=7)
             dist.send(torch.full((4,), 100.0), dst=0, tag=3)
             try:
                 dist.send(torch.ones(4), dst=0, tag=4)

@@ -273,9 +273,9 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
       ++p.count;
     }
   }
-  BindAnySource();
   std::map<int64_t, std::string> failed_groups;  // every rank's group id of a failed name
   FailBesideJoin(lists, &failed_groups, &out);
+  BindAnySource();  // after: a pair never fails beside a join (its receiver would miss it)
   // Cached repeats: ready when every rank that has not joined has it pending (none,
   // when every rank has joined).
   bool any_active = false;
@@ -397,6 +397,7 @@ void Controller::Apply(const ResponseList& list, std::vector<Response>* out) {
     auto sig = sent_sigs_.find(resp.name);
     std::string signature = sig == sent_sigs_.end() ? std::string() : sig->second;
     if (sig != sent_sigs_.end()) sent_sigs_.erase(sig);
+    if (!resp.alias.empty()) sent_sigs_.erase(resp.alias);  // a receive from any source
     if (!resp.error.empty() || resp.group_id != 0 || resp.type == OpType::kControl ||
         !resp.participants.empty()) {  // the cache's bits are for ops of every rank
       continue;

@@ -24,6 +24,8 @@ std::exception_ptr DistError(const std::string& message) {
 
 // Runs finish() and completes the future of one call whose ops have all completed.
 void Complete(CallState& c) {
+  // Before the future completes: its callbacks may ask the Work for the sender.
+  if (c.from_any && !c.handles.empty()) c.source = c.handles[0]->source();
   std::string message;
   for (const auto& h : c.handles) {
     if (!h->status().ok()) {
@@ -64,7 +66,6 @@ void Complete(CallState& c) {
     error = DistError("hvd backend: " + c.what + " failed: " + message);
     if (!c.future->completed()) c.future->setError(error);
   }
-  if (c.from_any && !c.handles.empty()) c.source = c.handles[0]->source();
   c.handles.clear();  // the runtime's outputs, copied where they belong
   c.finish = nullptr;
   c.completion.MarkDone(error);

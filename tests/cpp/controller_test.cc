@@ -569,38 +569,40 @@ TEST(C10dNames, PointToPointNames) {
 }
 
 // Receives from any source take the pending sends to their rank with their tag in
-// the order the sends arrived, never one that a named recv has taken or of another
-// tag; the response carries the receive's name for the receiver.
+// the order the sends arrived (not their names' order), never one that a named recv
+// has taken, even in the cycle both arrive, or one of another tag; the response
+// carries the receive's name for the receiver.
 TEST(Controller, ReceivesFromAnySourceTakeSendsInArrivalOrder) {
   Watchdog wd(60, "ReceivesFromAnySourceTakeSendsInArrivalOrder");
   Ranks ranks;
   Status st = MakeRanks(3, {16, 16, 16}, &ranks);
   ASSERT_TRUE(st.ok()) << st.message();
-  const Request any0 = P2pReq(-1, 0, 5, 0, 0), any1 = P2pReq(-1, 0, 5, 1, 0);
-  const Request from2 = P2pReq(2, 0, 5, 0), from1 = P2pReq(1, 0, 5, 0);
-  const Request other_tag = P2pReq(1, 0, 6, 0), named = P2pReq(2, 0, 5, 1);
-  Schedule s = {{{0, {named, any0, any1}}},     // rank 0: a named recv (2's second), two any
-                {{1, {other_tag, from1}}},      // rank 1, a cycle later
-                {{0, {from2}}, {2, {named}}}};  // rank 2: two sends to 0, tag 5
-  RunLog log = RunCycles(ranks, s, 4);
-  ASSERT_NO_FATAL_FAILURE(ExpectIdentical(log, 4));
+  const Request any0 = P2pReq(-1, 0, 5, 0, 0), any1 = P2pReq(-1, 0, 5, 1, 0),
+                any2 = P2pReq(-1, 0, 5, 2, 0);
+  const Request from2 = P2pReq(2, 0, 5, 0), named = P2pReq(2, 0, 5, 1), later2 = P2pReq(2, 0, 5, 2),
+                from1 = P2pReq(1, 0, 5, 0), other_tag = P2pReq(1, 0, 6, 0);
+  Schedule s = {{{0, {named, any0}}, {3, {any1}}, {4, {any2}}},
+                {{2, {other_tag, from1}}},
+                {{0, {from2, named}}, {1, {later2}}}};
+  RunLog log = RunCycles(ranks, s, 5);
+  ASSERT_NO_FATAL_FAILURE(ExpectIdentical(log, 5));
   auto at = ReleaseCycles(log);
+  EXPECT_EQ(at[named.name], 0);
   EXPECT_EQ(at[from2.name], 0);
-  EXPECT_EQ(at[from1.name], 1);
-  EXPECT_EQ(at[named.name], 2);
+  EXPECT_EQ(at[later2.name], 3) << "arrived before from1, named after it";
+  EXPECT_EQ(at[from1.name], 4);
   EXPECT_EQ(at.count(other_tag.name), 0u) << "a send of another tag was taken";
   EXPECT_EQ(at.count(any0.name), 0u);  // run under the sends' names
   for (int r = 0; r < 3; ++r) {
-    const Response* a = Find(log, r, from2.name);
-    const Response* b = Find(log, r, from1.name);
-    const Response* c = Find(log, r, named.name);
-    ASSERT_TRUE(a && b && c);
-    EXPECT_EQ(a->alias, any0.name);
-    EXPECT_EQ(a->root, 2);
-    EXPECT_EQ(b->alias, any1.name);
-    EXPECT_EQ(b->root, 1);
-    EXPECT_EQ(c->alias, "");
-    for (const Response* x : {a, b, c}) EXPECT_EQ(x->error, "") << x->name;
+    const std::vector<std::pair<Request, std::string>> expect = {
+        {named, ""}, {from2, any0.name}, {later2, any1.name}, {from1, any2.name}};
+    for (const auto& e : expect) {
+      const Response* resp = Find(log, r, e.first.name);
+      ASSERT_NE(resp, nullptr) << e.first.name;
+      EXPECT_EQ(resp->alias, e.second) << e.first.name;
+      EXPECT_EQ(resp->root, e.first.root) << e.first.name;
+      EXPECT_EQ(resp->error, "") << e.first.name;
+    }
   }
 }
 
