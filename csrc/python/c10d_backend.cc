@@ -305,16 +305,7 @@ class HvdBackend : public c10d::Backend {
   // Paired by the coordinator with a send to this rank with `tag` (core/c10d_names.h);
   // the Work's sourceRank() says from whom.
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override {
-    if (tensors.size() != 1) Fail("recv takes one tensor");
-    CheckDense(tensors[0], "recv");
-    Submission s = Sub(OpType::kBroadcast, tensors[0].view({-1}));
-    s.output = s.input;
-    s.request.root = -1;
-    s.request.participants = {getRank()};
-    P2pName p2p;
-    p2p.to = getRank();
-    p2p.tag = tag;
-    return Run(c10d::OpType::RECVANYSOURCE, "recv", {std::move(s)}, tensors, nullptr, &p2p);
+    return PointToPoint(c10d::OpType::RECVANYSOURCE, "recv", tensors, -1, getRank(), tag);
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
@@ -406,19 +397,23 @@ class HvdBackend : public c10d::Backend {
   // A send from group rank `from` to `to`: a broadcast in which only these two take
   // part. The k-th send from `from` to `to` with `tag` meets the k-th such recv, as in
   // MPI; the engine runs both at the same point of its op order on the two ranks.
+  // RECVANYSOURCE (`from` -1): a receive from any source, whose only participant is `to`
+  // (IsAnyRecv).
   c10::intrusive_ptr<c10d::Work> PointToPoint(c10d::OpType type, const char* what,
                                               std::vector<at::Tensor>& tensors, int from, int to,
                                               int tag) {
     if (tensors.size() != 1) Fail(std::string(what) + " takes one tensor");
     CheckDense(tensors[0], what);
-    if (from == to || from < 0 || to < 0 || from >= getSize() || to >= getSize()) {
+    const bool any = type == c10d::OpType::RECVANYSOURCE;
+    if (!any && (from == to || from < 0 || to < 0 || from >= getSize() || to >= getSize())) {
       Fail(std::string(what) + ": the peer must be another rank of the group (got " +
            std::to_string(getRank() == from ? to : from) + ")");
     }
     Submission s = Sub(OpType::kBroadcast, tensors[0].view({-1}));
     s.output = s.input;
     s.request.root = from;
-    s.request.participants = {std::min(from, to), std::max(from, to)};
+    s.request.participants = any ? std::vector<int64_t>{to}
+                                 : std::vector<int64_t>{std::min(from, to), std::max(from, to)};
     P2pName p2p;
     p2p.from = from;
     p2p.to = to;

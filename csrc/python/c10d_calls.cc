@@ -32,6 +32,11 @@ std::string Arguments(const char* what, const Submission& s) {
   }
 }
 
+// The key of p2p_calls_.
+std::string P2pKey(int64_t from, int64_t to, int64_t tag) {
+  return std::to_string(from) + "." + std::to_string(to) + "." + std::to_string(tag);
+}
+
 }  // namespace
 
 C10dCalls::C10dCalls(std::chrono::milliseconds timeout, const std::string& group)
@@ -44,9 +49,7 @@ void C10dCalls::WaitForSlot(uint64_t slot, const char* what) {
   if (!broken_.empty()) Fail(std::string(what) + ": " + broken_);
   const auto until = std::chrono::steady_clock::now() + timeout_;
   for (const auto& h : slots_[slot]) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        until - std::chrono::steady_clock::now());
-    if (!h->Wait(0, std::max(left, std::chrono::milliseconds(0)))) {
+    if (!h->Wait(0, TimeLeft(until))) {
       broken_ = "the group is unusable: '" + h->name() + "', called " + std::to_string(kC10dSlots) +
                 " calls before '" + what +
                 "', did not complete within the group's timeout (a peer did not call it); "
@@ -61,24 +64,18 @@ void C10dCalls::WaitForSlot(uint64_t slot, const char* what) {
 void C10dCalls::SettleAnySource(const int64_t* tag, const char* what) {
   const auto until = std::chrono::steady_clock::now() + timeout_;
   for (auto it = any_.begin(); it != any_.end();) {
+    const P2pName& recv = it->first;
     const std::shared_ptr<HandleState>& h = it->second;
-    if (tag != nullptr && it->first == *tag) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          until - std::chrono::steady_clock::now());
-      if (!h->Wait(0, std::max(left, std::chrono::milliseconds(0)))) {
-        Fail(std::string(what) + ": timed out waiting for the receive from any source '" +
-             h->name() + "' posted before it with the same tag");
-      }
+    if (tag != nullptr && recv.tag == *tag && !h->Wait(0, TimeLeft(until))) {
+      Fail(std::string(what) + ": timed out waiting for the receive from any source '" + h->name() +
+           "' posted before it with the same tag");
     }
     if (!h->done()) {
       ++it;
       continue;
     }
     if (h->source() >= 0) {  // paired with a send (also when the pair failed)
-      P2pName parsed;
-      ParseP2pName(h->name(), &parsed);
-      ++p2p_calls_[std::to_string(h->source()) + "." + std::to_string(parsed.to) + "." +
-                   std::to_string(it->first)];
+      ++p2p_calls_[P2pKey(h->source(), recv.to, recv.tag)];
     }
     it = any_.erase(it);
   }
@@ -88,9 +85,7 @@ void C10dCalls::SettleAnySource(const int64_t* tag, const char* what) {
 std::vector<std::string> C10dCalls::NamesFor(const char* what, const std::vector<Submission>& subs,
                                              const P2pName* p2p, uint64_t* slot) {
   if (p2p != nullptr) {
-    const std::string key =
-        std::to_string(p2p->from) + "." + std::to_string(p2p->to) + "." + std::to_string(p2p->tag);
-    return {P2pCallName(group_, *p2p, p2p_calls_[key]++)};
+    return {P2pCallName(group_, *p2p, p2p_calls_[P2pKey(p2p->from, p2p->to, p2p->tag)]++)};
   }
   const uint64_t n = calls_++;
   *slot = n % kC10dSlots;
@@ -142,7 +137,7 @@ c10::intrusive_ptr<c10d::Work> C10dCalls::Run(c10d::OpType type, const char* wha
     if (!st.ok()) Fail(std::string(what) + ": " + st.message());
     if (slot < kC10dSlots) slots_[slot] = states;
     if (p2p != nullptr && p2p->from < 0) {
-      any_.emplace_back(p2p->tag, states[0]);
+      any_.emplace_back(*p2p, states[0]);
       call->from_any = true;
     }
     call->handles = std::move(states);

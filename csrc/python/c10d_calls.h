@@ -63,8 +63,8 @@ class C10dCalls {
   std::vector<std::shared_ptr<HandleState>> slots_[kC10dSlots] HVD_GUARDED_BY(mu_);
   // By "<sender>.<receiver>.<tag>" (sender -1: receives from any source).
   std::map<std::string, uint64_t> p2p_calls_ HVD_GUARDED_BY(mu_);
-  // Receives from any source not yet counted by their sender: tag, op.
-  std::vector<std::pair<int64_t, std::shared_ptr<HandleState>>> any_ HVD_GUARDED_BY(mu_);
+  // Receives from any source not yet counted by their sender: the receive, its op.
+  std::vector<std::pair<P2pName, std::shared_ptr<HandleState>>> any_ HVD_GUARDED_BY(mu_);
 };
 
 }  // namespace hvd

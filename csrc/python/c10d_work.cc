@@ -126,21 +126,16 @@ class HvdWork : public c10d::Work {
   // own thread unless the completion thread has taken it already: a blocking call
   // then costs no wake-up of that thread.
   bool wait(std::chrono::milliseconds timeout) override {
-    using Clock = std::chrono::steady_clock;
     const auto limit = timeout.count() == 0 ? timeout_ : timeout;
-    const auto until = Clock::now() + limit;
-    auto left = [&] {
-      return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()),
-                      std::chrono::milliseconds(0));
-    };
+    const auto until = std::chrono::steady_clock::now() + limit;
     const double spin_us = CurrentWaitSettings().spin_us;
     bool ran = true;
     for (const auto& weak : handles_) {
       // Gone: the call was completed already (Complete() dropped the handles).
-      if (auto h = weak.lock()) ran = ran && h->Wait(spin_us, left());
+      if (auto h = weak.lock()) ran = ran && h->Wait(spin_us, TimeLeft(until));
     }
     if (ran && !call_->claimed.exchange(true)) Complete(*call_);
-    if (!ran || !call_->completion.WaitFor(left())) {
+    if (!ran || !call_->completion.WaitFor(TimeLeft(until))) {
       Fail(call_->what + " did not complete within " + std::to_string(limit.count()) +
            " ms (a rank has not called it, or is stuck before it)");
     }

@@ -15,6 +15,7 @@
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <exception>
@@ -30,6 +31,13 @@ namespace hvd {
 
 // Throws DistBackendError("hvd backend: " + message).
 [[noreturn]] void Fail(const std::string& message);
+
+// What is left until `until`, for a wait (0 once it has passed).
+inline std::chrono::milliseconds TimeLeft(std::chrono::steady_clock::time_point until) {
+  return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(
+                      until - std::chrono::steady_clock::now()),
+                  std::chrono::milliseconds(0));
+}
 
 // Whether a call has completed, and its error.
 class Completion {
