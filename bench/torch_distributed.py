@@ -4,7 +4,7 @@ ranks on the peer), and each measurement alternates between them.
 
     python bench/torch_distributed.py --np 2 [--device cpu|cuda] [--rounds 3]
         [--sizes 4K,64K,1M,16M,64M] [--ddp-steps 30] [--model mlp|resnet50] [--batch N]
-        [--width W] [--fsdp2-layers L [--fsdp2-width D --fsdp2-tokens T]]
+        [--width W] [--fsdp2-layers L [--fsdp2-width D --fsdp2-tokens T]] [--profile DIR]
 
 Prints, per message size, dist.all_reduce's median time on each backend, and a DDP
 training step's median time (a 4-layer MLP, width 1024 (4 M parameters) and batch 8
@@ -14,9 +14,14 @@ per rank; bf16 autocast on CUDA) under FSDP2's fully_shard (each layer and the w
 on a device mesh over each group, and on CUDA the peak of allocated memory over the timed
 steps above what was allocated before them (torch's caching allocator: hvd's fusion
 buffer counts, NCCL's own buffers do not).
+With --profile DIR, rank 0 also profiles 3 FSDP2 steps on each backend (torch.profiler,
+CPU and CUDA): it prints the top operators by self CUDA and self CPU time, and writes
+the traces as DIR/fsdp2_<backend>.json.gz.
 """
 import argparse
+import gzip
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -126,8 +131,8 @@ def worker(a) -> None:
             times[name].append(timed(lambda: step(name), a.ddp_steps))
     ours, peer = statistics.median(times["hvd"]), statistics.median(times[peer_name])
     what = f"mlp width {a.width}" if a.model == "mlp" else a.model
-    say(f"DDP {what} batch {data.shape[0]} step: hvd {ours * 1e3:.2f} ms, {peer_name} {peer * 1e3:.2f} ms, "
-        f"ratio {peer / ours:.2f}")
+    say(f"DDP {what} batch {data.shape[0]} step: hvd {ours * 1e3:.2f} ms, {peer_name} "
+        f"{peer * 1e3:.2f} ms, ratio {peer / ours:.2f}")
     if a.fsdp2_layers:
         fsdp2(a, dev, groups, timed, say)
     dist.destroy_process_group()
@@ -176,6 +181,8 @@ def fsdp2(a, dev, groups, timed, say) -> None:
             if cuda:
                 peak = (torch.cuda.max_memory_allocated() - before) / 2**20
                 peaks[name] = max(peaks.get(name, 0.0), peak)
+    if a.profile:
+        profile(a, groups, step, say)
     names = list(groups)
     ours, peer = statistics.median(times["hvd"]), statistics.median(times[names[1]])
     mem = (f"; peak memory hvd {peaks['hvd']:.0f} MiB, {names[1]} "
@@ -184,6 +191,33 @@ def fsdp2(a, dev, groups, timed, say) -> None:
     say(f"FSDP2 transformer {a.fsdp2_layers} x {d} ({params:.1f} M parameters), {tokens} tokens "
         f"per rank, step: hvd {ours * 1e3:.2f} ms, {names[1]} {peer * 1e3:.2f} ms, ratio "
         f"{peer / ours:.2f}{mem}")
+
+
+def profile(a, groups, step, say) -> None:
+    import torch
+    from torch.profiler import ProfilerActivity
+    import torch.distributed as dist
+    rank = dist.get_rank()
+    os.makedirs(a.profile, exist_ok=True)
+    for name in groups:
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available()
+                                         else [])
+        with torch.profiler.profile(activities=acts) as prof:
+            for _ in range(3):
+                step(name)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+        if rank != 0:
+            continue
+        events = prof.key_averages()
+        for key in ("self_cuda_time_total", "self_cpu_time_total"):
+            say(f"# FSDP2 profile, {name}, 3 steps, by {key}")
+            say(events.table(sort_by=key, row_limit=18, max_name_column_width=60))
+        path = os.path.join(a.profile, f"fsdp2_{name}.json")
+        prof.export_chrome_trace(path)
+        with open(path, "rb") as src, gzip.open(path + ".gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.remove(path)
 
 
 def main():
@@ -200,6 +234,7 @@ def main():
                    help="also FSDP2 on a transformer of this many layers (0: not)")
     p.add_argument("--fsdp2-width", type=int, default=256)
     p.add_argument("--fsdp2-tokens", type=int, default=512, help="per rank")
+    p.add_argument("--profile", default="", help="profile FSDP2 into this folder (rank 0)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
