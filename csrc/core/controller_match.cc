@@ -293,6 +293,11 @@ Response Controller::Match(const std::vector<Request>& reqs, int size) {
   resp.shape = a.shape;
   resp.group_id = a.group_id;
   resp.on_gpu = a.device >= 0;
+  if (resp.on_gpu) {
+    std::vector<std::pair<int32_t, int32_t>> devices;
+    for (const Request& q : reqs) devices.emplace_back(q.rank, q.device);
+    resp.devices = DevicesKey(std::move(devices));
+  }
   resp.participants = a.participants;
   auto fail = [&](const std::string& what, const std::string& detail) {
     resp.error = "Mismatched " + what + " for '" + a.name + "': " + detail +

@@ -1,14 +1,17 @@
 #include "wire/message.h"
 
+#include <algorithm>
+
 #include "wire/codec.h"
 
 namespace hvd {
 namespace {
 
-// The magics change with the layout (2: participants; 3: a response's alias), so that
-// ranks of different builds fail on the first message instead of decoding garbage.
+// The magics change with the layout (2: participants; 3: a response's alias; 4: its
+// devices), so that ranks of different builds fail on the first message instead of
+// decoding garbage.
 constexpr uint32_t kRequestMagic = 0x48565132;   // "HVQ2"
-constexpr uint32_t kResponseMagic = 0x48565333;  // "HVS3"
+constexpr uint32_t kResponseMagic = 0x48565334;  // "HVS4"
 
 // A control op's fields follow its kind; a data op has only the kind (kNone).
 void Put(Writer& w, const ControlOp& c) {
@@ -80,6 +83,7 @@ void Put(Writer& w, const Response& r) {
   w.I64s(r.rank_rows);
   w.I64(r.group_id);
   w.Bool(r.on_gpu);
+  w.U64(r.devices);
   w.I64s(r.participants);
   Put(w, r.control);
   w.Str(r.alias);
@@ -99,6 +103,7 @@ Response GetResponse(Reader& rd) {
   r.rank_rows = rd.I64s();
   r.group_id = rd.I64();
   r.on_gpu = rd.Bool();
+  r.devices = rd.U64();
   r.participants = rd.I64s();
   r.control = GetControl(rd);
   r.alias = rd.Str();
@@ -167,6 +172,20 @@ std::string Request::Signature() const {
   copy.rank = 0;
   Put(w, copy);
   return std::move(w.str());
+}
+
+uint64_t DevicesKey(std::vector<std::pair<int32_t, int32_t>> devices) {
+  std::sort(devices.begin(), devices.end());
+  uint64_t h = 1469598103934665603ULL;  // FNV-1a over (rank, device) in rank order
+  for (const auto& [rank, device] : devices) {
+    for (int32_t v : {rank, device}) {
+      for (int b = 0; b < 4; ++b) {
+        h ^= static_cast<uint8_t>(static_cast<uint32_t>(v) >> (8 * b));
+        h *= 1099511628211ULL;
+      }
+    }
+  }
+  return h;
 }
 
 int64_t Request::NumElements() const {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -121,11 +122,18 @@ struct Response {
                                    // reducescatter: rows per rank (empty: even)
   int64_t group_id = 0;
   bool on_gpu = false;                // CUDA tensors: run by the GPU backend
+  // CUDA tensors: which device each rank's tensor is on (DevicesKey()); only responses
+  // with equal keys are fused, as one process may hold tensors on several GPUs.
+  uint64_t devices = 0;
   std::vector<int64_t> participants;  // as the Request's
   ControlOp control;                  // kControl only
   // A send paired with a receive from any source: the receiver's name for this op.
   std::string alias;
 };
+
+// A key of the ranks' CUDA devices for one op: equal for two ops when every rank's
+// tensors of both are on one device. `devices`: (rank, device index) per request.
+uint64_t DevicesKey(std::vector<std::pair<int32_t, int32_t>> devices);
 
 template <typename Message>
 bool IsAnyRecv(const Message& m) {

@@ -194,6 +194,17 @@ TEST(ControllerMatch, ValidatesAndFillsResponse) {
   Response g0 = Controller::Match(on_gpu, 3);
   EXPECT_EQ(g0.error, "");
   EXPECT_TRUE(g0.on_gpu);
+  EXPECT_EQ(ok.devices, 0u);
+  // The devices key: the same for the same (rank, device) pairs in any arrival order,
+  // another when one rank's tensor is on another of its GPUs (model parallelism).
+  std::vector<Request> shuffled = {on_gpu[2], on_gpu[0], on_gpu[1]};
+  EXPECT_EQ(Controller::Match(shuffled, 3).devices, g0.devices);
+  auto moved = on_gpu;
+  moved[1].device = 3;
+  EXPECT_NE(Controller::Match(moved, 3).devices, g0.devices);
+  auto swapped = on_gpu;
+  std::swap(swapped[0].device, swapped[1].device);
+  EXPECT_NE(Controller::Match(swapped, 3).devices, g0.devices);
 
   struct Mut {
     const char* what;

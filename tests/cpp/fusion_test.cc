@@ -85,6 +85,16 @@ TEST(Fusion, DeviceChangeBreaksBatch) {
   EXPECT_EQ(PlanFusion(rs, 1 << 20), (Batches{{0}, {1, 2}, {3}}));
 }
 
+// One process with tensors on two GPUs (a model split across them): an op of each
+// device goes out on its own (upstream's test_model_parallelism).
+TEST(Fusion, GpuTensorsOfAnotherDeviceLayoutBreakBatch) {
+  std::vector<Response> rs = {AR(1), AR(1), AR(1), AR(1)};
+  for (auto& r : rs) r.on_gpu = true;
+  rs[0].devices = rs[1].devices = DevicesKey({{0, 0}, {1, 2}});
+  rs[2].devices = rs[3].devices = DevicesKey({{0, 1}, {1, 3}});
+  EXPECT_EQ(PlanFusion(rs, 1 << 20), (Batches{{0, 1}, {2, 3}}));
+}
+
 TEST(Fusion, NonAllreduceBreaksBatch) {
   std::vector<Response> rs = {AR(1), AR(1), AR(1), AR(1), AR(1), AR(1)};
   rs[2].type = OpType::kBroadcast;

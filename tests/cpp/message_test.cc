@@ -48,6 +48,7 @@ Response FullResponse(const std::string& name) {
   r.rank_rows = {9, 8, 7, 6, 0};
   r.group_id = -5;
   r.on_gpu = true;
+  r.devices = 0xfedcba9876543210ULL;
   r.participants = {1, 2};
   r.alias = "c10d.0.p2pany.1.0.3";
   return r;
@@ -83,6 +84,7 @@ void ExpectEq(const Response& a, const Response& b) {
   EXPECT_EQ(a.rank_rows, b.rank_rows);
   EXPECT_EQ(a.group_id, b.group_id);
   EXPECT_EQ(a.on_gpu, b.on_gpu);
+  EXPECT_EQ(a.devices, b.devices);
   EXPECT_EQ(a.participants, b.participants);
   EXPECT_EQ(a.alias, b.alias);
 }
