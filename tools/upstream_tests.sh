@@ -23,7 +23,10 @@
 # Knobs: PYTHON (default python3), HOROVODRUN (default: horovodrun; upstream's is
 # "/tmp/hvdpeer/bin/horovodrun --gloo"), UPSTREAM_OUT (result folder, default a temporary
 # one), UPSTREAM_TIMEOUT (one run's limit in seconds, default 1500), UPSTREAM_TEST_TIMEOUT
-# (one test's, default 90; pytest-timeout), UPSTREAM_K (a pytest -k expression).
+# (one test's, default 90; pytest-timeout), UPSTREAM_TIMEOUT_METHOD (pytest-timeout's
+# method, default signal; "thread" dumps every thread's Python stack and ends the rank's
+# session when a test hangs in C code, where a signal is never handled: the rest of that
+# session is lost, but the log says where it hung), UPSTREAM_K (a pytest -k expression).
 # With --gpu, NCCL_NVLS_ENABLE=0 is set and CUDA_VISIBLE_DEVICES is respected.
 set -uo pipefail
 gpu=0
@@ -60,7 +63,7 @@ run_parallel() {  # NP FILE TAG
   (cd "$src/test/parallel" && timeout -k 10 "$limit" $HOROVODRUN -np "$np" -H "localhost:$np" \
      env PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" \
      sh -c "exec $PYTHON -u -m pytest -v -rfE -p no:cacheprovider -p pytest_stream_failures \
-            --timeout $per_test \
+            --timeout $per_test --timeout-method ${UPSTREAM_TIMEOUT_METHOD:-signal} \
             \${UPSTREAM_K:+-k \"\$UPSTREAM_K\"} \
             --junitxml=$out/$tag.rank\${HOROVOD_RANK:-\${OMPI_COMM_WORLD_RANK:-0}}.xml $file" \
      >"$out/$tag.log" 2>&1)
