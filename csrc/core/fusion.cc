@@ -63,8 +63,7 @@ bool Fusable(const Response& a, const Response& b, bool separate_groups) {
                          (a.type == OpType::kReducescatter && b.type == OpType::kReducescatter);
   return same_kind && a.error.empty() && b.error.empty() && a.dtype == b.dtype && a.op == b.op &&
          a.prescale == b.prescale && a.postscale == b.postscale && a.on_gpu == b.on_gpu &&
-         a.devices == b.devices &&
-         (!separate_groups || a.group_id == b.group_id);
+         a.devices == b.devices && (!separate_groups || a.group_id == b.group_id);
 }
 }  // namespace
 

@@ -121,7 +121,7 @@ struct Response {
   std::vector<int64_t> rank_rows;  // allgather: dim 0 per rank; alltoall: size x size splits;
                                    // reducescatter: rows per rank (empty: even)
   int64_t group_id = 0;
-  bool on_gpu = false;                // CUDA tensors: run by the GPU backend
+  bool on_gpu = false;  // CUDA tensors: run by the GPU backend
   // CUDA tensors: which device each rank's tensor is on (DevicesKey()); only responses
   // with equal keys are fused, as one process may hold tensors on several GPUs.
   uint64_t devices = 0;
