@@ -172,6 +172,14 @@ def test_a_late_member_of_a_new_group_is_the_one_reported_missing():
                      results[0].output), describe(results)
 
 
+def test_a_receive_from_any_source_is_reported_waiting_for_a_send():
+    results = _run("tests.torch_distributed_workers:any_source_stall", 2, timeout=90,
+                   env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1"})
+    assert re.search(r"p2pany\.0\.5\.0': a receive from any source on rank 0 has had no send "
+                     r"to it with tag 5 for \d+ s", results[0].output), describe(results)
+    assert "missing on ranks []" not in results[0].output, describe(results)
+
+
 @pytest.mark.parametrize("size", [2, 3])
 def test_send_and_recv_between_two_ranks(size):
     results = _run("tests.torch_distributed_workers:p2p", size, timeout=120)

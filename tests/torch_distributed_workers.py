@@ -421,6 +421,24 @@ def subgroup_stall() -> None:
     print(f"OK rank={rank}", flush=True)
 
 
+def any_source_stall() -> None:
+    """Rank 0 receives from any source 4 s before rank 1 sends: the stall report says a
+    receive from any source waits for a send, not that no rank is missing."""
+    rank, _ = _init()
+    t = torch.zeros(3)
+    if rank == 0:
+        work = dist.irecv(t, tag=5)
+        work.wait()
+        assert work._source_rank() == 1, work._source_rank()
+        _same(t, torch.full((3,), 7.0), "received late")
+    else:
+        time.sleep(4)
+        dist.send(torch.full((3,), 7.0), dst=0, tag=5)
+    dist.barrier()
+    dist.destroy_process_group()
+    print(f"OK rank={rank}", flush=True)
+
+
 def subgroup_without_engine() -> None:
     """A "hvd" group over a subset of the ranks when the default group is gloo and no
     engine runs: a clear error at new_group."""

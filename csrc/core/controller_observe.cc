@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "common/logging.h"
+#include "core/c10d_names.h"
 #include "core/controller.h"
 
 namespace hvd {
@@ -73,6 +74,21 @@ void Controller::InspectStalls(const std::vector<RequestList>& lists, ResponseLi
   for (const auto& kv : table_) {
     double waited = std::chrono::duration<double>(now - kv.second.since).count();
     if (waited < stall_.check_s) continue;
+    // A receive from any source is submitted by its receiver alone, and waits for a send.
+    const Request* recv = nullptr;
+    for (const Request& q : kv.second.by_rank) {
+      if (!q.name.empty() && IsAnyRecv(q)) recv = &q;
+    }
+    if (recv != nullptr) {
+      P2pName p2p;
+      const std::string tag =
+          ParseP2pName(kv.first, &p2p) ? " with tag " + std::to_string(p2p.tag) : "";
+      report += "\n  '" + kv.first + "': a receive from any source on rank " +
+                std::to_string(recv->rank) + " has had no send to it" + tag + " for " +
+                std::to_string(static_cast<int>(waited)) + " s";
+      fatal = fatal || (stall_.shutdown_s > 0 && waited >= stall_.shutdown_s);
+      continue;
+    }
     describe(
         kv.first, waited, [&](int r) { return !kv.second.by_rank[r].name.empty(); },
         Submitters(kv.second));
