@@ -40,6 +40,25 @@ def test_torchrun():
     assert all(p["size"] == "2" and p["sum"] == "1" and p["local_size"] == "2" for p in probes)
 
 
+def test_torchrun_when_master_port_plus_one_is_taken():
+    """Rank 0's store goes to a free port when another process holds MASTER_PORT + 1, and
+    the others learn it through torchrun's store (before: rank 0 failed, "Address already
+    in use", as a CI run saw once)."""
+    port = master_port()
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", port + 1))
+    squatter.listen()
+    try:
+        out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                              "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
+                              PROBE], env=_clean_env(), capture_output=True, text=True,
+                             timeout=120)
+    finally:
+        squatter.close()
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert [p["sum"] for p in _probes(out.stdout)] == ["1", "1"], out.stdout
+
+
 @pytest.mark.parametrize("launcher", ["srun", "mpirun"])
 def test_slurm_and_openmpi_variables(launcher):
     port = master_port()

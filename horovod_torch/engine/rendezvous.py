@@ -12,12 +12,13 @@ import socket
 import stat
 import tempfile
 import time
-from typing import Optional
+from typing import Optional, Tuple
 
 from horovod_torch import _C
 from horovod_torch.common import config, launch_env
 
 _store_server = None  # a store this process hosts (rank 0 under a foreign launcher)
+_torchrun_store = None  # (port, secret) of the store under torchrun, once known
 _derived_secret: Optional[str] = None  # the job secret when no launcher gave one (cached)
 _SECRET_KEY = "horovod_torch/job_secret"  # in torchrun's store, + restart count and port
 
@@ -41,9 +42,13 @@ def detect_world(env: launch_env.LaunchEnv) -> dict:
                              "MASTER_ADDR and MASTER_PORT (rank 0's host and a free port), "
                              "or HOROVOD_STORE_ADDR and HOROVOD_STORE_PORT, or use horovodrun")
         host, port = master, master_port + 1
-        secret = secret or _job_secret(env, world, master, master_port)
-        if world["rank"] == 0 and _store_server is None:
-            _store_server = _start_store(master, port, secret, world)
+        if not secret and launcher == "torchrun" and env.torchrun_agent_store:
+            port, secret = _store_through_torchrun(world, master, master_port,
+                                                   env.torchrun_restart_count)
+        else:
+            secret = secret or _job_secret(env, world, master, master_port)
+            if world["rank"] == 0 and _store_server is None:
+                _store_server = _start_store(master, port, secret, world)
     if world["size"] > 1 and not host:
         raise ValueError("HOROVOD_SIZE > 1 but HOROVOD_STORE_ADDR is not set; "
                          "start the job with horovodrun")
@@ -96,24 +101,26 @@ def _start_store(master: str, port: int, secret: str, world: dict):
 
 
 def _job_secret(env: launch_env.LaunchEnv, world: dict, master: str, master_port: int) -> str:
-    """The store's secret when neither horovodrun nor HOROVOD_SECRET gave one. It never
-    comes from public values (docs/launchers.md): under torchrun rank 0 draws it and
-    passes it through torchrun's own store; otherwise, on one host, through a file only
-    this user can read; several hosts need HOROVOD_SECRET."""
+    """The store's secret when neither horovodrun nor HOROVOD_SECRET gave one, outside
+    torchrun (_store_through_torchrun). It never comes from public values
+    (docs/launchers.md): on one host it passes through a file only this user can read;
+    several hosts need HOROVOD_SECRET."""
     global _derived_secret
     if _derived_secret is None:
-        if env.placement.launcher == "torchrun" and env.torchrun_agent_store:
-            _derived_secret = _secret_through_torchrun(world["rank"], master, master_port,
-                                                       env.torchrun_restart_count)
-        else:
-            _derived_secret = _secret_through_file(env, world, master, master_port + 1)
+        _derived_secret = _secret_through_file(env, world, master, master_port + 1)
     return _derived_secret
 
 
-def _secret_through_torchrun(rank: int, master: str, master_port: int, restart: str) -> str:
-    """torchrun's agent serves a TCPStore at MASTER_ADDR:MASTER_PORT to its workers
-    (TORCHELASTIC_USE_AGENT_STORE=True; torch/distributed/rendezvous.py connects to it as
-    a client the same way). Rank 0 puts a fresh random value there, the others read it."""
+def _store_through_torchrun(world: dict, master: str, master_port: int,
+                            restart: str) -> Tuple[int, str]:
+    """The store's port and secret under torchrun, whose agent serves a TCPStore at
+    MASTER_ADDR:MASTER_PORT to its workers (TORCHELASTIC_USE_AGENT_STORE=True;
+    torch/distributed/rendezvous.py connects to it as a client the same way). Rank 0
+    draws a fresh random secret, starts the store at MASTER_PORT + 1 (or, when another
+    process holds that port, at a free one) and puts both there; the others read them."""
+    global _store_server, _torchrun_store
+    if _torchrun_store is not None:  # a later init in this process: the same store
+        return _torchrun_store
     from datetime import timedelta  # pylint: disable=import-outside-toplevel
     import torch.distributed as dist  # pylint: disable=import-outside-toplevel
     timeout = _start_timeout()
@@ -121,17 +128,30 @@ def _secret_through_torchrun(rank: int, master: str, master_port: int, restart: 
     try:
         store = dist.TCPStore(master, master_port, is_master=False,
                               timeout=timedelta(seconds=timeout))
-        if rank == 0:
-            value = secrets.token_hex(16)
-            store.set(key, value)
-            return value
-        return store.get(key).decode()
+        if world["rank"] == 0:
+            secret = secrets.token_hex(16)
+            try:
+                _store_server = _start_store(master, master_port + 1, secret, world)
+            except RuntimeError as exc:
+                if "in use" not in str(exc):
+                    raise
+                _store_server = _start_store(master, 0, secret, world)
+            port = _store_server.port()
+            store.set(key + "/port", str(port))
+            store.set(key, secret)
+        else:
+            secret = store.get(key).decode()
+            port = int(store.get(key + "/port").decode())
     except RuntimeError as exc:  # DistStoreError (a timeout) is one
+        if world["rank"] == 0 and "rendezvous store" in str(exc):
+            raise
         raise RuntimeError(
             f"cannot pass the job secret through torchrun's store at {master}:{master_port} "
             f"within {timeout:g} s (HOROVOD_START_TIMEOUT): {exc}. Does rank 0 reach "
             "hvd.init()? Setting HOROVOD_SECRET (the same random value on every rank) "
             "avoids this step") from exc
+    _torchrun_store = (port, secret)
+    return _torchrun_store
 
 
 def _private_dir() -> str:
