@@ -5,6 +5,7 @@ ranks on the peer), and each measurement alternates between them.
     python bench/torch_distributed.py --np 2 [--device cpu|cuda] [--rounds 3]
         [--sizes 4K,64K,1M,16M,64M] [--ddp-steps 30] [--model mlp|resnet50] [--batch N]
         [--width W] [--fsdp2-layers L [--fsdp2-width D --fsdp2-tokens T]] [--profile DIR]
+        [--cuda-direct 0|1]
 
 Prints, per message size, dist.all_reduce's median time on each backend, and a DDP
 training step's median time (a 4-layer MLP, width 1024 (4 M parameters) and batch 8
@@ -17,6 +18,7 @@ buffer counts, NCCL's own buffers do not).
 With --profile DIR, rank 0 also profiles 3 FSDP2 steps on each backend (torch.profiler,
 CPU and CUDA): it prints the top operators by self CUDA and self CPU time, and writes
 the traces as DIR/fsdp2_<backend>.json.gz.
+--cuda-direct 0 runs hvd's CUDA calls as the engine's ops (HOROVOD_C10D_CUDA_DIRECT=0).
 """
 import argparse
 import gzip
@@ -42,7 +44,7 @@ def launch(a) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
         env.update(RANK=str(rank), WORLD_SIZE=str(a.np), LOCAL_RANK=str(rank),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-                   NCCL_NVLS_ENABLE="0",
+                   NCCL_NVLS_ENABLE="0", HOROVOD_C10D_CUDA_DIRECT=a.cuda_direct,
                    PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
         procs.append(subprocess.Popen([sys.executable, __file__, "--worker", *sys.argv[1:]],
                                       env=env, stdout=None if rank == 0 else subprocess.DEVNULL))
@@ -235,6 +237,9 @@ def main():
     p.add_argument("--fsdp2-width", type=int, default=256)
     p.add_argument("--fsdp2-tokens", type=int, default=512, help="per rank")
     p.add_argument("--profile", default="", help="profile FSDP2 into this folder (rank 0)")
+    p.add_argument("--cuda-direct", choices=("0", "1"), default="1",
+                   help="HOROVOD_C10D_CUDA_DIRECT for hvd: 1 (default) the group's own NCCL "
+                   "communicator, 0 the engine's ops")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:

@@ -222,27 +222,51 @@ def test_replacement_worker_takes_the_freed_gpu(tmp_path):
 
 # The torch.distributed backend "hvd" on CUDA tensors, against NCCL's process group
 # over the same ranks (tests/test_torch_distributed.py has the CPU half).
-def test_torch_distributed_collectives_match_nccl():
+# HOROVOD_C10D_CUDA_DIRECT: "1" (the default) enqueues the CUDA calls it covers on the
+# group's own NCCL communicator; "0" runs them as the engine's ops.
+@pytest.mark.parametrize("direct", ["1", "0"])
+def test_torch_distributed_collectives_match_nccl(direct):
     from tests.test_torch_distributed import _run
-    results = _run("tests.torch_distributed_workers:collectives", 2, ["cuda"], env=GPU_ENV,
-                   timeout=240)
+    results = _run("tests.torch_distributed_workers:collectives", 2, ["cuda"],
+                   env=dict(GPU_ENV, HOROVOD_C10D_CUDA_DIRECT=direct), timeout=240)
     assert all(f"OK rank={r.rank}" in r.output for r in results)
 
 
-def test_torch_distributed_ddp_trains_as_on_nccl():
+@pytest.mark.parametrize("direct", ["1", "0"])
+def test_torch_distributed_ddp_trains_as_on_nccl(direct):
     import re
     from tests.test_torch_distributed import _run
-    results = _run("tests.torch_distributed_workers:ddp", 2, ["cuda"], env=GPU_ENV, timeout=240)
+    results = _run("tests.torch_distributed_workers:ddp", 2, ["cuda"],
+                   env=dict(GPU_ENV, HOROVOD_C10D_CUDA_DIRECT=direct), timeout=240)
     for r in results:
         m = re.search(r"DDP rank=\d+ size=\d+ diff=(\S+)", r.output)
         assert m and float(m.group(1)) < 1e-6, r.output
 
 
-def test_torch_distributed_fsdp2_matches_one_gpu():
+@pytest.mark.parametrize("direct", ["1", "0"])
+def test_torch_distributed_fsdp2_matches_one_gpu(direct):
     import re
     from tests.test_torch_distributed import _run
-    results = _run("tests.torch_distributed_workers:fsdp2", 2, ["cuda"], env=GPU_ENV,
-                   timeout=240)
+    results = _run("tests.torch_distributed_workers:fsdp2", 2, ["cuda"],
+                   env=dict(GPU_ENV, HOROVOD_C10D_CUDA_DIRECT=direct), timeout=240)
     for r in results:
         m = re.search(r"FSDP2 rank=\d+ size=\d+ replicas=1 diff=(\S+)", r.output)
         assert m and float(m.group(1)) < 1e-4, r.output
+
+
+def test_torch_distributed_dead_peer_ends_the_survivors_nccl_kernels():
+    """A rank dies while the other's all_reduce waits for it inside NCCL (the group's own
+    communicator): the engine sees the loss and aborts the communicator, so the survivor's
+    torch.cuda.synchronize() returns and its next call raises, and it rebuilds a group of
+    one in the same process."""
+    import re
+    from tests.test_torch_distributed import _run
+    from tests.harness import describe, master_port
+    results = _run("tests.torch_distributed_workers:peer_dies", 2, [master_port(), "cuda"],
+                   env=GPU_ENV, expect_ok=False, timeout=150)
+    assert results[1].returncode == 3, describe(results)
+    r = results[0]
+    assert r.returncode == 0, describe(results)
+    m = re.search(r"FAILED rank=0 after=([\d.]+) (\w+)", r.output)
+    assert m and m.group(2) == "DistBackendError" and float(m.group(1)) < 60, describe(results)
+    assert "REBUILT rank=0 size=1 sum=1.0" in r.output, describe(results)

@@ -664,10 +664,11 @@ def repeats() -> None:
     print(f"OK rank={rank}", flush=True)
 
 
-def peer_dies(new_port: str) -> None:
+def peer_dies(new_port: str, device: str = "cpu") -> None:
     """The last rank dies in the middle of the job: pending work fails on the others
-    within the I/O timeout, and they build a smaller group in the same processes."""
-    rank, size = _init()
+    within the I/O timeout, and they build a smaller group in the same processes. On
+    "cuda" the survivors' GPUs wait for it inside NCCL until the engine aborts."""
+    rank, size = _init(device)
     x = torch.ones(1000)
     dist.all_reduce(x)
     if rank == size - 1:
@@ -676,6 +677,8 @@ def peer_dies(new_port: str) -> None:
     try:
         for _ in range(100):
             dist.all_reduce(x)
+            if device == "cuda":
+                torch.cuda.synchronize()  # returns once the abort ended the kernel
             time.sleep(0.05)
     except Exception as exc:  # noqa: BLE001  (torch.distributed.DistBackendError)
         print(f"FAILED rank={rank} after={time.monotonic() - start:.1f} "

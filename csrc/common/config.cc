@@ -71,6 +71,7 @@ const Range kRanges[] = {
     {"HOROVOD_HIERARCHICAL_ALLREDUCE", 0, 1, false, true, "-1, 0 or 1"},
     {"HOROVOD_HIERARCHICAL_ALLGATHER", 0, 1, false, true, "-1, 0 or 1"},
     {"HOROVOD_SHM_CONTROL", 0, 1, false, false, "0 or 1"},
+    {"HOROVOD_C10D_CUDA_DIRECT", 0, 1, false, false, "0 or 1"},
     {"HOROVOD_SHM_THREADS", 1, kInf, false, true, ">= 1, or -1 (automatic)"},
     {"HOROVOD_STALL_CHECK_TIME_SECONDS", 0, kInf, false, false, ">= 0"},
     {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0, kInf, false, false, ">= 0 (0: never)"},

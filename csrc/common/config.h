@@ -73,6 +73,12 @@ namespace hvd {
     "1: DistributedOptimizer starts each gradient's allreduce from a C++ hook on the "       \
     "autograd thread (no Python, no GIL), unless it uses groups, Adasum or a custom "        \
     "compressor; 0: from a Python hook.")                                                    \
+  X(c10d_cuda_direct, "HOROVOD_C10D_CUDA_DIRECT", int64_t, 1,                                \
+    "1: the torch.distributed backend \"hvd\" enqueues its all-reduces, broadcasts, "        \
+    "all-gathers into a tensor and reduce-scatters of CUDA tensors itself, in the "          \
+    "group's call order, on an NCCL communicator of the group's own (as torch's NCCL "       \
+    "group does: Work.wait() only makes the stream wait); 0: as ops of the engine, "         \
+    "negotiated and fused, wait() blocking the host until they ran.")                        \
   X(stall_check_s, "HOROVOD_STALL_CHECK_TIME_SECONDS", double, 60.0,                         \
     "Seconds a collective may wait for missing ranks before the coordinator logs "           \
     "which ranks are missing which tensors.")                                                \

@@ -21,6 +21,35 @@
 
 namespace hvd {
 
+// A collective its caller enqueues itself (the torch.distributed backend's calls on CUDA
+// tensors, docs/torch_distributed.md): no negotiation, no fusion; every rank of the
+// communicator enqueues the same ops in the same order.
+struct DirectOp {
+  enum class Kind { kAllreduce, kBroadcast, kAllgather, kReducescatter };
+  Kind kind = Kind::kAllreduce;
+  at::Tensor input;              // contiguous, on the communicator's device
+  at::Tensor output;             // may be `input` (in place), or hold it (an all-gather in place)
+  ReduceOp op = ReduceOp::kSum;  // a reduction's; Average only for floating types
+  int root = 0;                  // a broadcast's
+};
+
+// A communicator of its own for DirectOps, on one device, with its own stream.
+// Threading: Enqueue() from one caller at a time; Abort() from any thread.
+class DirectComm {
+ public:
+  virtual ~DirectComm() = default;
+  // Enqueues `ops` as one group on the communicator's stream, after the work already
+  // on the caller's current stream of the device, and returns an event that follows
+  // them. Throws std::runtime_error (also once the communicator was aborted).
+  virtual std::shared_ptr<GpuEvent> Enqueue(const std::vector<DirectOp>& ops,
+                                            const std::string& name) = 0;
+  // Why the communicator is unusable ("" while it is usable).
+  virtual std::string Broken() = 0;
+};
+
+// Whether a DirectOp can reduce tensors of type t with op (NCCL's own types).
+bool DirectReducible(at::ScalarType t, ReduceOp op);
+
 // Execute() enqueues the batch on the backend's stream and completes the entries'
 // handles with a done event; it does not wait for the GPU.
 class GpuBackend : public Executor {
@@ -35,6 +64,13 @@ class GpuBackend : public Executor {
   // the oldest op still running op_timeout_s after it started (a peer's GPU never
   // joined it). Cheap enough for every few cycles.
   virtual Status Check() = 0;
+  // A unique id for a new DirectComm, made by its rank 0 and handed to the others.
+  virtual std::string NewCommId() = 0;
+  // Joins the DirectComm of `size` ranks that rank 0's `id` names, as `rank`, on
+  // `device`; blocks until every rank has joined. Abort() aborts it too, and Check()
+  // reports its asynchronous errors and ops that outlast op_timeout_s.
+  virtual Status JoinComm(const std::string& id, int rank, int size, int device,
+                          std::shared_ptr<DirectComm>* out) = 0;
 };
 
 // nullptr when this build has no GPU data plane. op_timeout_s: see Check() (0: none).

@@ -89,6 +89,10 @@ class Runtime {
   ~Runtime();
 
   const WorldInfo& world() const { return world_; }
+  const Config& config() const { return config_; }
+  // The GPU data plane (null: this build has none), for communicators of a
+  // torch.distributed group's own (core/gpu_backend.h's JoinComm).
+  GpuBackend* gpu() const { return gpu_.get(); }
 
   // Validates and queues the ops (all of them or none: a group is atomic).
   Status Submit(std::vector<Submission> subs, std::vector<std::shared_ptr<HandleState>>* handles);

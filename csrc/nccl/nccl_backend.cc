@@ -34,17 +34,13 @@ NcclBackend::~NcclBackend() {
   }
 }
 
-void NcclBackend::DropDone(Device& d) {
-  while (!d.in_flight.empty() && d.in_flight.front().done->Ready()) d.in_flight.pop_front();
-}
-
 bool NcclBackend::Busy() {
   // Busy while the oldest unfinished op moves data. While it still waits for the
   // backward pass to compute its inputs, new gradients are better sent on their
   // own than merged with later ones and made to wait for them.
   for (auto& kv : devices_) {
     Device& d = kv.second;
-    DropDone(d);
+    DropDone(d.in_flight);
     if (!d.in_flight.empty() && d.in_flight.front().start->Ready()) return true;
   }
   return false;
@@ -55,38 +51,54 @@ void NcclBackend::Abort() {
     if (kv.second.comm != nullptr) ncclCommAbort(kv.second.comm);
     kv.second.comm = nullptr;
   }
+  for (const auto& d : Directs()) d->Abort("the engine failed (a peer was lost or an op failed)");
+}
+
+std::vector<std::shared_ptr<NcclDirect>> NcclBackend::Directs() {
+  MutexLock lock(direct_mu_);
+  std::vector<std::shared_ptr<NcclDirect>> live;
+  for (auto it = direct_.begin(); it != direct_.end();) {
+    if (auto d = it->lock()) {
+      live.push_back(std::move(d));
+      ++it;
+    } else {
+      it = direct_.erase(it);
+    }
+  }
+  return live;
+}
+
+std::string NcclBackend::NewCommId() {
+  ncclUniqueId id;
+  const ncclResult_t r = ncclGetUniqueId(&id);
+  if (r != ncclSuccess) {
+    throw std::runtime_error(std::string("NCCL error in ncclGetUniqueId: ") +
+                             ncclGetErrorString(r));
+  }
+  return std::string(reinterpret_cast<const char*>(&id), sizeof(id));
+}
+
+Status NcclBackend::JoinComm(const std::string& id, int rank, int size, int device,
+                             std::shared_ptr<DirectComm>* out) {
+  Status st = Status::Ok();
+  auto d = std::make_shared<NcclDirect>(id, rank, size, device, &st);
+  HVD_RETURN_IF_ERROR(st);
+  {
+    MutexLock lock(direct_mu_);
+    direct_.push_back(d);
+  }
+  *out = std::move(d);
+  return Status::Ok();
 }
 
 Status NcclBackend::Check() {
   for (auto& kv : devices_) {
     Device& d = kv.second;
     if (d.comm == nullptr) continue;
-    ncclResult_t async = ncclSuccess;
-    const ncclResult_t got = ncclCommGetAsyncError(d.comm, &async);
-    if (got != ncclSuccess) async = got;
-    if (async != ncclSuccess && async != ncclInProgress) {
-      return Status::Aborted("NCCL reported an asynchronous error on GPU " +
-                             std::to_string(kv.first) + ": " + ncclGetErrorString(async) + " (" +
-                             ncclGetLastError(d.comm) + ")");
-    }
-    DropDone(d);
-    if (d.in_flight.empty() || op_timeout_s_ <= 0) continue;
-    InFlight& op = d.in_flight.front();
-    const auto now = std::chrono::steady_clock::now();
-    if (op.since == std::chrono::steady_clock::time_point{}) {
-      if (op.start->Ready()) op.since = now;  // its inputs are ready: it runs from here
-      continue;
-    }
-    const double secs = std::chrono::duration<double>(now - op.since).count();
-    if (secs > op_timeout_s_) {
-      return Status::Aborted(
-          "NCCL collective '" + op.name + "' has run " + std::to_string(static_cast<int>(secs)) +
-          " s on GPU " + std::to_string(kv.first) + " without finishing (HOROVOD_GPU_OP_TIMEOUT=" +
-          std::to_string(static_cast<int>(op_timeout_s_)) +
-          "): a peer's GPU never joined it (its process or GPU is stuck, "
-          "or the inputs it waits for never became ready)");
-    }
+    HVD_RETURN_IF_ERROR(AsyncError(d.comm, kv.first));
+    HVD_RETURN_IF_ERROR(CheckInFlight(d.in_flight, op_timeout_s_, kv.first));
   }
+  for (const auto& d : Directs()) HVD_RETURN_IF_ERROR(d->Check(op_timeout_s_));
   return Status::Ok();
 }
 
@@ -165,7 +177,7 @@ Status NcclBackend::Execute(const std::vector<Response>& batch, std::vector<Entr
   auto done = std::make_shared<NcclEvent>(device);
   error = done->Record(stream);
   if (!error.empty()) return Status::Aborted(error);
-  DropDone(*d);
+  DropDone(d->in_flight);
   d->in_flight.push_back(InFlight{std::move(start), done, r.name});
   for (size_t i = 0; i < entries.size(); ++i) {
     // Memory used on our stream must not be reused before that work finishes.

@@ -17,6 +17,8 @@
 //   synchronize() makes the caller's stream wait on it. The background loop never
 //   waits for the GPU; it only asks Busy() (is the oldest unfinished op moving
 //   data?) to decide whether new allreduces should gather a while (docs/design.md §8).
+// - Communicators of the torch.distributed backend's CUDA calls (nccl_direct.h) are
+//   joined through JoinComm(), and aborted and checked with the backend's own.
 // - Failure: Check() (every 100 ms from the loop) reports NCCL's asynchronous
 //   error, or an op still running op_timeout_s after it started; the Runtime then
 //   fails the engine and Abort()s the communicators, which ends their kernels.
@@ -34,7 +36,9 @@
 #include <string>
 #include <vector>
 
+#include "common/thread_annotations.h"
 #include "core/gpu_backend.h"
+#include "nccl/nccl_direct.h"
 
 namespace hvd {
 
@@ -50,16 +54,11 @@ class NcclBackend : public GpuBackend {
   bool Busy() override;
   void Abort() override;
   Status Check() override;
+  std::string NewCommId() override;
+  Status JoinComm(const std::string& id, int rank, int size, int device,
+                  std::shared_ptr<DirectComm>* out) override;
 
  private:
-  // An op on a device's stream not known to be done: an event recorded when it
-  // starts (inputs ready, the ops before it done), one when done.
-  struct InFlight {
-    std::shared_ptr<GpuEvent> start, done;
-    std::string name;
-    // When Check() first saw it started (the default: not yet).
-    std::chrono::steady_clock::time_point since{};
-  };
   struct Device {
     ncclComm_t comm = nullptr;
     c10::optional<c10::cuda::CUDAStream> stream;
@@ -67,7 +66,8 @@ class NcclBackend : public GpuBackend {
     std::deque<InFlight> in_flight;  // oldest first
   };
   Status Ensure(int device, Device** out);
-  static void DropDone(Device& d);
+  // The DirectComms still in use (forgets the others).
+  std::vector<std::shared_ptr<NcclDirect>> Directs();
   Status Allreduce(Device& d, const std::vector<Response>& batch, std::vector<Entry>& entries,
                    size_t fusion_bytes);
   Status Allgather(Device& d, const Response& r, Entry& e, at::Tensor* out);
@@ -83,6 +83,8 @@ class NcclBackend : public GpuBackend {
   int size_;
   double op_timeout_s_;
   std::map<int, Device> devices_;  // background thread only
+  Mutex direct_mu_;
+  std::vector<std::weak_ptr<NcclDirect>> direct_ HVD_GUARDED_BY(direct_mu_);  // JoinComm's
 };
 
 }  // namespace hvd

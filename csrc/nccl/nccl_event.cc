@@ -51,4 +51,27 @@ NcclEvent::~NcclEvent() {
   if (event_ != nullptr) Events().Put(device_, event_);
 }
 
+void DropDone(std::deque<InFlight>& ops) {
+  while (!ops.empty() && ops.front().done->Ready()) ops.pop_front();
+}
+
+Status CheckInFlight(std::deque<InFlight>& ops, double timeout_s, int device) {
+  DropDone(ops);
+  if (ops.empty() || timeout_s <= 0) return Status::Ok();
+  InFlight& op = ops.front();
+  const auto now = std::chrono::steady_clock::now();
+  if (op.since == std::chrono::steady_clock::time_point{}) {
+    if (op.start->Ready()) op.since = now;  // its inputs are ready: it runs from here
+    return Status::Ok();
+  }
+  const double secs = std::chrono::duration<double>(now - op.since).count();
+  if (secs <= timeout_s) return Status::Ok();
+  return Status::Aborted(
+      "NCCL collective '" + op.name + "' has run " + std::to_string(static_cast<int>(secs)) +
+      " s on GPU " + std::to_string(device) +
+      " without finishing (HOROVOD_GPU_OP_TIMEOUT=" + std::to_string(static_cast<int>(timeout_s)) +
+      "): a peer's GPU never joined it (its process or GPU is stuck, "
+      "or the inputs it waits for never became ready)");
+}
+
 }  // namespace hvd

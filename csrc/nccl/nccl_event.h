@@ -7,10 +7,14 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
+#include <chrono>
+#include <deque>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
+#include "common/status.h"
 #include "core/gpu_backend.h"
 
 namespace hvd {
@@ -72,5 +76,21 @@ class NcclEvent : public GpuEvent {
   int device_;
   cudaEvent_t event_ = nullptr;
 };
+
+// An op on a stream not known to be done: an event recorded when it starts (its
+// inputs ready, the ops before it done), one when done.
+struct InFlight {
+  std::shared_ptr<GpuEvent> start, done;
+  std::string name;
+  // When CheckInFlight() first saw it started (the default: not yet).
+  std::chrono::steady_clock::time_point since{};
+};
+
+// Drops the done ops from the front of `ops` (oldest first).
+void DropDone(std::deque<InFlight>& ops);
+
+// After DropDone: an error once the oldest op has run more than timeout_s (0: never)
+// on GPU `device` since it started.
+Status CheckInFlight(std::deque<InFlight>& ops, double timeout_s, int device);
 
 }  // namespace hvd

@@ -8,4 +8,6 @@ std::unique_ptr<GpuBackend> CreateGpuBackend(ControlPlane*, int, int, double) { 
 
 int NcclVersionBuilt() { return 0; }
 
+bool DirectReducible(at::ScalarType, ReduceOp) { return false; }
+
 }  // namespace hvd

@@ -294,6 +294,36 @@ Status SubmitToRuntime(std::vector<Submission> subs,
   return st;
 }
 
+constexpr const char* kNoNccl = "this build of horovod_torch has no NCCL (hvd.nccl_built())";
+
+Status NewDirectCommId(std::string* id) {
+  MutexLock lock(G().mu);
+  if (!G().runtime) return Status::InvalidArgument(kNotInitialized);
+  if (G().runtime->gpu() == nullptr) return Status::InvalidArgument(kNoNccl);
+  try {
+    *id = G().runtime->gpu()->NewCommId();
+  } catch (const std::exception& e) {
+    return Status::Aborted(e.what());
+  }
+  return Status::Ok();
+}
+
+// Under G().mu: a runtime shutting down on another thread waits until the join ends
+// (every rank of the group is in it, at the same call of the group).
+Status JoinDirectComm(const std::string& id, int rank, int size, int device,
+                      std::shared_ptr<DirectComm>* out) {
+  MutexLock lock(G().mu);
+  if (!G().runtime) return Status::InvalidArgument(kNotInitialized);
+  if (G().runtime->gpu() == nullptr) return Status::InvalidArgument(kNoNccl);
+  return G().runtime->gpu()->JoinComm(id, rank, size, device, out);
+}
+
+bool C10dCudaDirect() {
+  MutexLock lock(G().mu);
+  return G().runtime && G().runtime->gpu() != nullptr &&
+         G().runtime->config().c10d_cuda_direct != 0;
+}
+
 HandleTable& Handles() { return G().handles; }
 
 WaitSettings CurrentWaitSettings() {

@@ -11,6 +11,11 @@
 // created it (horovod_torch/integrations/torch_distributed.py).
 //
 // Completion: c10d_work.h.
+//
+// CUDA tensors: all-reduce, broadcast, all-gather into a tensor and reduce-scatter
+// from one go to the group's own NCCL communicator (c10d_direct.h) unless
+// HOROVOD_C10D_CUDA_DIRECT=0; the other calls, and tensors NCCL cannot reduce, run as
+// ops of the runtime.
 #include "python/c10d_backend.h"
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -18,6 +23,7 @@
 #include <algorithm>
 
 #include "python/c10d_calls.h"
+#include "python/c10d_direct.h"
 #include "python/module_state.h"
 
 namespace hvd {
@@ -62,11 +68,20 @@ class HvdBackend : public c10d::Backend {
  public:
   HvdBackend(int rank, int size, std::chrono::milliseconds timeout, int32_t process_set_id,
              std::string group)
-      : c10d::Backend(rank, size), process_set_id_(process_set_id), calls_(timeout, group) {}
+      : c10d::Backend(rank, size),
+        process_set_id_(process_set_id),
+        calls_(timeout, group),
+        direct_(rank, size, process_set_id, &calls_) {}
   const std::string getBackendName() const override { return "hvd"; }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override {
+    if (direct_.Takes(tensors, nullptr)) {
+      return direct_.Run(c10d::OpType::BROADCAST, "broadcast",
+                         C10dDirect::InPlace(DirectOp::Kind::kBroadcast, tensors, ReduceOp::kSum,
+                                             static_cast<int>(opts.rootRank)),
+                         tensors);
+    }
     return Run(c10d::OpType::BROADCAST, "broadcast",
                EachTensor(OpType::kBroadcast, "broadcast", tensors, ReduceOp::kSum,
                           static_cast<int32_t>(opts.rootRank), false),
@@ -327,8 +342,13 @@ class HvdBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> Allreduce(c10d::OpType type, const char* what,
                                            std::vector<at::Tensor>& tensors,
                                            const c10d::ReduceOp& op) {
-    return Run(type, what, EachTensor(OpType::kAllreduce, what, tensors, OurOp(op, what), 0, false),
-               tensors, nullptr);
+    const ReduceOp ours = OurOp(op, what);
+    if (direct_.Takes(tensors, &ours)) {
+      return direct_.Run(
+          type, what, C10dDirect::InPlace(DirectOp::Kind::kAllreduce, tensors, ours, 0), tensors);
+    }
+    return Run(type, what, EachTensor(OpType::kAllreduce, what, tensors, ours, 0, false), tensors,
+               nullptr);
   }
 
   // One op per tensor, its result written back into the tensor (discard_result: into a
@@ -361,6 +381,10 @@ class HvdBackend : public c10d::Backend {
       }
       subs.push_back(Sub(OpType::kAllgather, Row(inputs[i])));
     }
+    std::vector<DirectOp> ops;
+    if (direct_.Pairs(DirectOp::Kind::kAllgather, inputs, outputs, nullptr, &ops)) {
+      return direct_.Run(type, what, std::move(ops), outputs);
+    }
     std::vector<at::Tensor> outs = outputs;
     return Run(type, what, std::move(subs), outputs, [outs](const auto& h) {
       for (size_t i = 0; i < outs.size(); ++i) {
@@ -385,6 +409,10 @@ class HvdBackend : public c10d::Backend {
       Submission s = Sub(OpType::kReducescatter, inputs[i].view({-1}));
       s.request.op = op;
       subs.push_back(std::move(s));
+    }
+    std::vector<DirectOp> ops;
+    if (direct_.Pairs(DirectOp::Kind::kReducescatter, inputs, outputs, &op, &ops)) {
+      return direct_.Run(type, what, std::move(ops), outputs);
     }
     std::vector<at::Tensor> outs = outputs;
     return Run(type, what, std::move(subs), outputs, [outs](const auto& h) {
@@ -429,6 +457,7 @@ class HvdBackend : public c10d::Backend {
 
   const int32_t process_set_id_;  // 0: the global set
   C10dCalls calls_;
+  C10dDirect direct_;  // CUDA calls enqueued by the caller
 };
 
 }  // namespace

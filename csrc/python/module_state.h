@@ -24,6 +24,15 @@ namespace hvd {
 Status SubmitToRuntime(std::vector<Submission> subs,
                        std::vector<std::shared_ptr<HandleState>>* states);
 
+// A communicator of a torch.distributed group's own on the runtime's GPU data plane
+// (core/gpu_backend.h's DirectComm): rank 0's new id, and joining it (blocks until
+// every rank has). An error status when there is no runtime, or it has no NCCL.
+Status NewDirectCommId(std::string* id);
+Status JoinDirectComm(const std::string& id, int rank, int size, int device,
+                      std::shared_ptr<DirectComm>* out);
+// HOROVOD_C10D_CUDA_DIRECT of the running runtime, and that it has NCCL.
+bool C10dCudaDirect();
+
 // The process's handle table (integer handles given to Python).
 HandleTable& Handles();
 
