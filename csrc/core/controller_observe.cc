@@ -56,6 +56,11 @@ void Controller::InspectStalls(const std::vector<RequestList>& lists, ResponseLi
   if (age_s < stall_.check_s) return;
   std::string report;
   bool fatal = false;
+  // One line of the report, about a wait of `waited` seconds.
+  auto add = [&](const std::string& line, double waited) {
+    report += "\n  " + line + " for " + std::to_string(static_cast<int>(waited)) + " s";
+    fatal = fatal || (stall_.shutdown_s > 0 && waited >= stall_.shutdown_s);
+  };
   // `expected`: the ranks that submit the name (null: every rank; Submitters()).
   auto describe = [&](const std::string& name, double waited, auto has,
                       const std::vector<int64_t>* expected = nullptr) {
@@ -67,9 +72,8 @@ void Controller::InspectStalls(const std::vector<RequestList>& lists, ResponseLi
       std::string& dst = has(r) ? ready : missing;
       dst += (dst.empty() ? "" : ", ") + std::to_string(r);
     }
-    report += "\n  '" + name + "': submitted by ranks [" + ready + "], missing on ranks [" +
-              missing + "] for " + std::to_string(static_cast<int>(waited)) + " s";
-    fatal = fatal || (stall_.shutdown_s > 0 && waited >= stall_.shutdown_s);
+    add("'" + name + "': submitted by ranks [" + ready + "], missing on ranks [" + missing + "]",
+        waited);
   };
   for (const auto& kv : table_) {
     double waited = std::chrono::duration<double>(now - kv.second.since).count();
@@ -83,10 +87,9 @@ void Controller::InspectStalls(const std::vector<RequestList>& lists, ResponseLi
       P2pName p2p;
       const std::string tag =
           ParseP2pName(kv.first, &p2p) ? " with tag " + std::to_string(p2p.tag) : "";
-      report += "\n  '" + kv.first + "': a receive from any source on rank " +
-                std::to_string(recv->rank) + " has had no send to it" + tag + " for " +
-                std::to_string(static_cast<int>(waited)) + " s";
-      fatal = fatal || (stall_.shutdown_s > 0 && waited >= stall_.shutdown_s);
+      add("'" + kv.first + "': a receive from any source on rank " + std::to_string(recv->rank) +
+              " has had no send to it" + tag,
+          waited);
       continue;
     }
     describe(

@@ -13,6 +13,7 @@
 #include <limits>
 
 #include "common/config.h"
+#include "common/fnv.h"
 #include "common/logging.h"
 #include "common/thread_annotations.h"
 #include "core/gpu_backend.h"
@@ -352,12 +353,9 @@ void NoteLongWaitSite(const std::string& site) {
 // Names in flight are unique, so two pending groups never share an id but by a 64-bit
 // collision.
 int64_t GroupId(const std::vector<std::string>& names) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a, each name followed by a 0xff
-  for (const auto& name : names) {
-    for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
-    h = (h ^ 0xffu) * 1099511628211ull;
-  }
-  const auto id = static_cast<int64_t>(h >> 1);
+  Fnv1a h;  // each name followed by a 0xff
+  for (const auto& name : names) h.Bytes(name).Byte(0xff);
+  const auto id = static_cast<int64_t>(h.value() >> 1);
   return id == 0 ? 1 : id;
 }
 

@@ -9,6 +9,7 @@
 #include <system_error>
 #include <vector>
 
+#include "common/fnv.h"
 #include "common/logging.h"
 #include "transport/shm.h"
 #include "transport/shm_helpers.h"
@@ -28,9 +29,9 @@ void Copy(char* dst, const char* src, size_t n) {
 }
 
 uint64_t HashSizes(const std::vector<size_t>& v) {
-  uint64_t h = 1469598103934665603ull;
-  for (size_t x : v) h = (h ^ x) * 1099511628211ull;
-  return h;
+  Fnv1a h;
+  for (size_t x : v) h.Int(x);
+  return h.value();
 }
 
 }  // namespace

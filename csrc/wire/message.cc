@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/fnv.h"
 #include "wire/codec.h"
 
 namespace hvd {
@@ -176,16 +177,9 @@ std::string Request::Signature() const {
 
 uint64_t DevicesKey(std::vector<std::pair<int32_t, int32_t>> devices) {
   std::sort(devices.begin(), devices.end());
-  uint64_t h = 1469598103934665603ULL;  // FNV-1a over (rank, device) in rank order
-  for (const auto& [rank, device] : devices) {
-    for (int32_t v : {rank, device}) {
-      for (int b = 0; b < 4; ++b) {
-        h ^= static_cast<uint8_t>(static_cast<uint32_t>(v) >> (8 * b));
-        h *= 1099511628211ULL;
-      }
-    }
-  }
-  return h;
+  Fnv1a h;  // over (rank, device) in rank order
+  for (const auto& [rank, device] : devices) h.Int(rank).Int(device);
+  return h.value();
 }
 
 int64_t Request::NumElements() const {
