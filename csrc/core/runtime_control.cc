@@ -1,6 +1,7 @@
 // Runtime, control ops: barrier and join, and the registry of process sets (added and
 // removed identically by every rank, as control ops of the global set; one that only
-// its members submit, too), with the controller each set negotiates with.
+// its members submit, too), with the controller each set negotiates with; the
+// timeline's start and stop, applied between cycles.
 #include "core/runtime.h"
 
 #include <limits>
@@ -149,6 +150,50 @@ Entry Runtime::JoinedEntry(const Response& r) {
 std::map<int32_t, std::vector<int>> Runtime::process_sets() {
   MutexLock lock(mu_);
   return set_ranks_;
+}
+
+Status Runtime::StartTimeline(const std::string& path, bool mark_cycles) {
+  if (path.empty()) {
+    return Status::InvalidArgument("start_timeline: give the path of the JSON file to write");
+  }
+  return ControlTimeline(TimelineCommand{true, path, mark_cycles});
+}
+
+Status Runtime::StopTimeline() { return ControlTimeline(TimelineCommand{}); }
+
+Status Runtime::ControlTimeline(TimelineCommand command) {
+  if (world_.rank != 0) return Status::Ok();  // only the coordinator writes
+  MutexLock lock(mu_);
+  if (stopped_ || shutdown_requested_) {
+    return Status::Aborted("horovod_torch has been shut down; call hvd.init() again");
+  }
+  timeline_commands_.push_back(std::move(command));
+  uint64_t seq = ++timeline_requested_;
+  cv_.NotifyAll();
+  timeline_cv_.Wait(mu_, [&]() HVD_REQUIRES(mu_) { return timeline_applied_ >= seq || stopped_; });
+  if (timeline_applied_ < seq)
+    return Status::Aborted(
+        "horovod_torch stopped before the timeline "
+        "command ran");
+  return timeline_status_;
+}
+
+void Runtime::ApplyTimelineCommands(std::vector<TimelineCommand> commands) {
+  Status st;
+  for (auto& c : commands) {
+    if (c.start) {
+      st = timeline_.Start(c.path, c.mark_cycles);
+    } else {
+      timeline_.Stop();
+      st = Status::Ok();
+    }
+  }
+  {
+    MutexLock lock(mu_);
+    timeline_status_ = st;
+    timeline_applied_ += commands.size();
+  }
+  timeline_cv_.NotifyAll();
 }
 
 }  // namespace hvd
