@@ -51,7 +51,8 @@ def test_reinit_many_times():
 @pytest.mark.parametrize("knob,value", [("HOROVOD_SMALL_ALLREDUCE_BYTES", "1000000"),
                                         ("HOROVOD_FUSION_THRESHOLD", "1024"),
                                         ("HOROVOD_SHM_CONTROL", "1"),
-                                        ("HOROVOD_HIERARCHICAL_ALLREDUCE", "1")])
+                                        ("HOROVOD_HIERARCHICAL_ALLREDUCE", "1"),
+                                        ("HOROVOD_C10D_CUDA_DIRECT", "0")])
 def test_settings_that_must_agree_are_compared_at_init(knob, value):
     """A per-host difference in a knob that picks the protocol gave wrong sums or a
     60 s hang; now init() refuses on every rank and says which knob differs."""

@@ -254,17 +254,19 @@ def test_torch_distributed_fsdp2_matches_one_gpu(direct):
         assert m and float(m.group(1)) < 1e-4, r.output
 
 
-def test_torch_distributed_dead_peer_ends_the_survivors_nccl_kernels():
+@pytest.mark.parametrize("how,code", [("exit", 3), ("raise", 1)])
+def test_torch_distributed_dead_peer_ends_the_survivors_nccl_kernels(how, code):
     """A rank dies while the other's all_reduce waits for it inside NCCL (the group's own
-    communicator): the engine sees the loss and aborts the communicator, so the survivor's
+    communicator): the engine sees the loss (exit: its sockets close; raise: its engine
+    shuts down on the way out) and aborts the communicator, so the survivor's
     torch.cuda.synchronize() returns and its next call raises, and it rebuilds a group of
     one in the same process."""
     import re
     from tests.test_torch_distributed import _run
     from tests.harness import describe, master_port
-    results = _run("tests.torch_distributed_workers:peer_dies", 2, [master_port(), "cuda"],
-                   env=GPU_ENV, expect_ok=False, timeout=150)
-    assert results[1].returncode == 3, describe(results)
+    results = _run("tests.torch_distributed_workers:peer_dies", 2,
+                   [master_port(), "cuda", how], env=GPU_ENV, expect_ok=False, timeout=150)
+    assert results[1].returncode == code, describe(results)
     r = results[0]
     assert r.returncode == 0, describe(results)
     m = re.search(r"FAILED rank=0 after=([\d.]+) (\w+)", r.output)

@@ -117,10 +117,11 @@ def test_repeated_calls_and_ddp_steps_skip_negotiation():
         assert int(m.group(1)) == 0 and int(m.group(2)) >= 5, describe(results)
 
 
-def test_a_dead_peer_fails_pending_work_and_survivors_rebuild_the_group():
-    results = _run("tests.torch_distributed_workers:peer_dies", 3, [master_port()],
+@pytest.mark.parametrize("how,code", [("exit", 3), ("raise", 1)])
+def test_a_dead_peer_fails_pending_work_and_survivors_rebuild_the_group(how, code):
+    results = _run("tests.torch_distributed_workers:peer_dies", 3, [master_port(), "cpu", how],
                    expect_ok=False, timeout=120)
-    assert results[2].returncode == 3, describe(results)
+    assert results[2].returncode == code, describe(results)
     for r in results[:2]:
         assert r.returncode == 0, describe(results)
         m = re.search(r"FAILED rank=\d after=([\d.]+) (\w+)", r.output)

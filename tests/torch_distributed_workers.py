@@ -664,14 +664,18 @@ def repeats() -> None:
     print(f"OK rank={rank}", flush=True)
 
 
-def peer_dies(new_port: str, device: str = "cpu") -> None:
-    """The last rank dies in the middle of the job: pending work fails on the others
-    within the I/O timeout, and they build a smaller group in the same processes. On
-    "cuda" the survivors' GPUs wait for it inside NCCL until the engine aborts."""
+def peer_dies(new_port: str, device: str = "cpu", how: str = "exit") -> None:
+    """The last rank dies in the middle of the job (how: "exit", at once; "raise", on
+    an unhandled exception, which shuts its engine down on the way out): pending work
+    fails on the others within the I/O timeout, and they build a smaller group in the
+    same processes. On "cuda" the survivors' GPUs wait for it inside NCCL until the
+    engine aborts."""
     rank, size = _init(device)
     x = torch.ones(1000)
     dist.all_reduce(x)
     if rank == size - 1:
+        if how == "raise":
+            raise RuntimeError("rank failed on purpose")
         os._exit(3)
     start = time.monotonic()
     try:

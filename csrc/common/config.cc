@@ -160,6 +160,7 @@ std::string Config::ProtocolSettings() const {
   line("HOROVOD_SHM_CONTROL", shm_control);
   line("HOROVOD_SHM_THREADS", shm_threads);
   line("HOROVOD_BATCH_WHILE_BUSY", batch_while_busy);
+  line("HOROVOD_C10D_CUDA_DIRECT", c10d_cuda_direct);
   line("HOROVOD_AUTOTUNE", autotune);
   return out;
 }

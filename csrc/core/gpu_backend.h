@@ -64,6 +64,10 @@ class GpuBackend : public Executor {
   // the oldest op still running op_timeout_s after it started (a peer's GPU never
   // joined it). Cheap enough for every few cycles.
   virtual Status Check() = 0;
+  // The engine stops after a negotiated shutdown: every DirectComm becomes unusable
+  // (`why`), and one whose calls still run a second later is aborted (a peer that shut
+  // down will not join them, and Check() runs no more).
+  virtual void EndDirect(const std::string& why) = 0;
   // A unique id for a new DirectComm, made by its rank 0 and handed to the others.
   virtual std::string NewCommId() = 0;
   // Joins the DirectComm of `size` ranks that rank 0's `id` names, as `rank`, on

@@ -282,10 +282,13 @@ void Runtime::Loop() {
       return;
     }
     if (shutdown) {
-      FailAll(Status::Aborted("horovod_torch was shut down by rank " +
+      const std::string why = "horovod_torch was shut down by rank " +
                               std::to_string(controller_->shutdown_rank()) +
-                              " (it called hvd.shutdown(), or its process is exiting) "
-                              "before this op completed"));
+                              " (it called hvd.shutdown(), or its process is exiting)";
+      FailAll(Status::Aborted(why + " before this op completed"));
+      // Nothing watches the torch.distributed groups' own communicators from here on,
+      // and a peer that shut down will not join their pending calls.
+      if (gpu_ != nullptr) gpu_->EndDirect(why);
       timeline_.Stop();
       return;
     }

@@ -68,6 +68,10 @@ std::vector<std::shared_ptr<NcclDirect>> NcclBackend::Directs() {
   return live;
 }
 
+void NcclBackend::EndDirect(const std::string& why) {
+  for (const auto& d : Directs()) d->End(why, 1.0);
+}
+
 std::string NcclBackend::NewCommId() {
   ncclUniqueId id;
   const ncclResult_t r = ncclGetUniqueId(&id);

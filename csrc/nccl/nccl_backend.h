@@ -54,6 +54,7 @@ class NcclBackend : public GpuBackend {
   bool Busy() override;
   void Abort() override;
   Status Check() override;
+  void EndDirect(const std::string& why) override;
   std::string NewCommId() override;
   Status JoinComm(const std::string& id, int rank, int size, int device,
                   std::shared_ptr<DirectComm>* out) override;

@@ -161,6 +161,21 @@ void NcclDirect::Abort(const std::string& why) {
   ncclCommAbort(comm_);
 }
 
+void NcclDirect::End(const std::string& why, double grace_s) {
+  Fail(why);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_s);
+  for (;;) {
+    {
+      MutexLock lock(mu_);
+      DropDone(in_flight_);
+      if (in_flight_.empty()) return;
+    }
+    if (std::chrono::steady_clock::now() >= until) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  Abort(why);
+}
+
 Status NcclDirect::Check(double timeout_s) {
   if (comm_ == nullptr || aborted_) return Status::Ok();
   HVD_RETURN_IF_ERROR(AsyncError(comm_, device_));

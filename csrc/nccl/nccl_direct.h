@@ -39,6 +39,9 @@ class NcclDirect : public DirectComm {
   // From the engine's background loop: ends its kernels (after a peer was lost), and
   // NCCL's asynchronous error or an op that outlasted timeout_s.
   void Abort(const std::string& why);
+  // The engine stops: unusable from now on (`why`); aborted when calls still run
+  // `grace_s` later.
+  void End(const std::string& why, double grace_s);
   Status Check(double timeout_s);
 
  private:
