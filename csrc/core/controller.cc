@@ -138,10 +138,13 @@ Status Controller::FastCycle(std::vector<Response>* responses, bool* done) {
     NoteFastBits(mine, any, out.ready_bits);
   } else {
     // Few ranks: every rank's bits to every rank (one allgather), so the
-    // coordinator's timeline shows when each rank became ready.
-    std::vector<uint64_t> msg(1 + words, 0);
+    // coordinator's timeline shows when each rank became ready; then this rank's GPU
+    // collectives' totals (SetGpuTotals), for the straggler monitor.
+    std::vector<uint64_t> msg(1 + words + 2, 0);
     msg[0] = fast_need_full_ ? 1 : 0;
     std::copy(mine.begin(), mine.end(), msg.begin() + 1);
+    msg[1 + words] = gpu_ops_;
+    msg[2 + words] = gpu_took_ns_;
     std::vector<std::string> all;
     HVD_RETURN_IF_ERROR(control_->Allgather(
         std::string(reinterpret_cast<const char*>(msg.data()), msg.size() * 8), &all));
@@ -156,6 +159,9 @@ Status Controller::FastCycle(std::vector<Response>* responses, bool* done) {
       const uint64_t* w = reinterpret_cast<const uint64_t*>(all[r].data());
       need_full = need_full || (w[0] & 1);
       if (coordinator) lists[r].ready_bits.assign(w + 1, w + 1 + words);
+      if (coordinator && straggler_ && w[1 + words] > 0) {
+        straggler_->ObserveGpuWaits(static_cast<int>(r), w[1 + words], w[2 + words]);
+      }
       for (size_t i = 0; i < words; ++i) {
         out.ready_bits[i] &= w[1 + i];
         any[i] |= w[1 + i];

@@ -65,6 +65,12 @@ class Controller {
   void EnableStragglerMonitor(const StragglerOptions& options);
   void SetHost(std::string host) { host_ = std::move(host); }
   void SetWaitSite(std::string site) { wait_site_ = std::move(site); }
+  // This rank's GPU collectives, complete and timed (GpuBackend::CollectiveTotals):
+  // sent in the steady-state exchange (up to kPerRankBitsMaxRanks ranks).
+  void SetGpuTotals(uint64_t ops, uint64_t took_ns) {
+    gpu_ops_ = ops;
+    gpu_took_ns_ = took_ns;
+  }
   // The coordinator's latest report as every rank received it; the version counts
   // reports received (0: none yet).
   const StragglerReport& stragglers() const { return stragglers_; }
@@ -179,7 +185,8 @@ class Controller {
   std::chrono::steady_clock::time_point last_stall_log_{};
 
   bool steady_exchange_ = true;
-  bool fast_ok_ = false;                   // a full cycle succeeded: capacities agree
+  uint64_t gpu_ops_ = 0, gpu_took_ns_ = 0;  // SetGpuTotals
+  bool fast_ok_ = false;                    // a full cycle succeeded: capacities agree
   bool join_pending_ = false;              // this rank asked to join and the join has not completed
   std::vector<uint64_t> pending_invalid_;  // stale cache positions found since last cycle
   bool params_pending_ = false;            // coordinator: autotune setting to send in a full cycle

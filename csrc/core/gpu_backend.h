@@ -68,6 +68,11 @@ class GpuBackend : public Executor {
   // (`why`), and one whose calls still run a second later is aborted (a peer that shut
   // down will not join them, and Check() runs no more).
   virtual void EndDirect(const std::string& why) = 0;
+  // The straggler report's GPU signal (core/straggler.h): of this backend's
+  // collectives, in the order they were executed, the first *ops are complete and ran
+  // *took_ns on the GPU in total, each from its start (its inputs ready, the ops before
+  // it done) to its end. Zero when the backend does not time them.
+  virtual void CollectiveTotals(uint64_t* ops, uint64_t* took_ns) = 0;
   // A unique id for a new DirectComm, made by its rank 0 and handed to the others.
   virtual std::string NewCommId() = 0;
   // Joins the DirectComm of `size` ranks that rank 0's `id` names, as `rank`, on
@@ -77,9 +82,10 @@ class GpuBackend : public Executor {
                           std::shared_ptr<DirectComm>* out) = 0;
 };
 
-// nullptr when this build has no GPU data plane. op_timeout_s: see Check() (0: none).
+// nullptr when this build has no GPU data plane. op_timeout_s: see Check() (0: none);
+// time_collectives: see CollectiveTotals().
 std::unique_ptr<GpuBackend> CreateGpuBackend(ControlPlane* control, int rank, int size,
-                                             double op_timeout_s);
+                                             double op_timeout_s, bool time_collectives);
 // NCCL_VERSION_CODE the build used, or 0.
 int NcclVersionBuilt();
 

@@ -102,7 +102,8 @@ Status Runtime::Create(const WorldInfo& world, const Config& config,
                                              world.secret, TcpOptionsOf(config), &tcp));
     rt->comm_ = std::move(tcp);
   }
-  rt->gpu_ = CreateGpuBackend(rt->comm_.get(), world.rank, world.size, config.gpu_op_timeout_s);
+  rt->gpu_ = CreateGpuBackend(rt->comm_.get(), world.rank, world.size, config.gpu_op_timeout_s,
+                              /*time_collectives=*/config.straggler_check != 0);
   TunedParams initial{config.fusion_threshold_bytes, config.wake_delay_us,
                       config.cache_capacity > 0};
   rt->controller_ = rt->NewController(rt->comm_.get(), initial);
@@ -219,6 +220,7 @@ void Runtime::Loop() {
       wait_site = wait_site_;
     }
     controller_->SetWaitSite(wait_site);
+    SendGpuTotals();
     if (!timeline_commands.empty()) ApplyTimelineCommands(std::move(timeline_commands));
     // One cycle per process set this rank is in, in id order (the same order on
     // every rank, so members of a set meet in its cycle). Shutdown is negotiated

@@ -145,6 +145,9 @@ class Runtime {
   };
   void Loop();
   void HoldWhileGpuBusy() HVD_REQUIRES(mu_);
+  // Hands the global set's controller this rank's GPU collectives' totals, for the
+  // straggler report's GPU signal (core/straggler.h).
+  void SendGpuTotals();
   Status Execute(ProcessSetState& ps, const std::vector<Response>& responses);
   // A control op (kControl): barrier and join complete here; process-set changes
   // go to ChangeProcessSets.

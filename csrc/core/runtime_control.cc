@@ -1,7 +1,8 @@
 // Runtime, control ops: barrier and join, and the registry of process sets (added and
 // removed identically by every rank, as control ops of the global set; one that only
 // its members submit, too), with the controller each set negotiates with; the
-// timeline's start and stop, applied between cycles.
+// timeline's start and stop, applied between cycles; the GPU totals for the straggler
+// report.
 #include "core/runtime.h"
 
 #include <limits>
@@ -114,7 +115,8 @@ Status Runtime::ChangeProcessSets(const ControlOp& c, Entry& e) {
     ps->own_controller = NewController(ps->comm, controller_->params());
     ps->controller = ps->own_controller.get();
     ps->own_gpu =
-        CreateGpuBackend(ps->comm, ps->comm->rank(), ps->comm->size(), config_.gpu_op_timeout_s);
+        CreateGpuBackend(ps->comm, ps->comm->rank(), ps->comm->size(), config_.gpu_op_timeout_s,
+                         /*time_collectives=*/false);  // the global set's only
     ps->gpu = ps->own_gpu.get();
     ps->host = NewHostExecutor(ps->comm);
     sets_[id] = std::move(ps);
@@ -150,6 +152,13 @@ Entry Runtime::JoinedEntry(const Response& r) {
 std::map<int32_t, std::vector<int>> Runtime::process_sets() {
   MutexLock lock(mu_);
   return set_ranks_;
+}
+
+void Runtime::SendGpuTotals() {
+  if (gpu_ == nullptr) return;
+  uint64_t ops = 0, took_ns = 0;
+  gpu_->CollectiveTotals(&ops, &took_ns);
+  controller_->SetGpuTotals(ops, took_ns);
 }
 
 Status Runtime::StartTimeline(const std::string& path, bool mark_cycles) {

@@ -35,7 +35,9 @@ StragglerMonitor::StragglerMonitor(int size, StragglerOptions options)
       ring_(static_cast<size_t>(std::max(1, options.window)) * size, 0.f),
       steps_(static_cast<size_t>(std::max(1, options.window)), 0.f),
       hosts_(size),
-      sites_(size) {
+      sites_(size),
+      gpu_totals_(size),
+      gpu_waited_(size, 0) {
   report_.ranks.resize(size);
 }
 
@@ -144,6 +146,38 @@ void StragglerMonitor::AddOp(const int64_t* seen_ns, int64_t done_ns, int64_t* l
   for (int r = 0; r < size_; ++r) cycle_ns_[r] = std::max(cycle_ns_[r], seen_ns[r] - first);
   cycle_has_ = true;
   if (last_done_ns != nullptr) NoteStep(done_ns, last_done_ns);
+}
+
+void StragglerMonitor::ObserveGpuWaits(int rank, uint64_t ops, uint64_t waited_ns) {
+  if (rank < 0 || rank >= size_ || ops <= gpu_ops_) return;
+  auto& mine = gpu_totals_[rank];
+  mine[ops] = waited_ns;
+  while (mine.size() > 256) mine.erase(mine.begin());  // a rank far ahead keeps its latest
+  // The largest count past the last sample's that every rank has a total for.
+  uint64_t common = 0;
+  for (auto it = mine.rbegin(); it != mine.rend() && common == 0; ++it) {
+    bool everyone = true;
+    for (int r = 0; r < size_ && everyone; ++r) everyone = gpu_totals_[r].count(it->first) > 0;
+    if (everyone) common = it->first;
+  }
+  if (common == 0) return;
+  const bool first = gpu_ops_ == 0;
+  std::vector<int64_t> took(size_);
+  for (int r = 0; r < size_; ++r) {
+    auto& totals = gpu_totals_[r];
+    const uint64_t total = totals.at(common);
+    took[r] = static_cast<int64_t>(total - gpu_waited_[r]);
+    gpu_waited_[r] = total;
+    totals.erase(totals.begin(), totals.upper_bound(common));
+  }
+  gpu_ops_ = common;
+  if (first) return;  // the totals before it are where the next sample starts
+  // The rank whose collectives took the least was the one the others waited for: each
+  // rank is as late as the longest time less its own (AddOp's lateness, from a shared
+  // end).
+  const int64_t longest = *std::max_element(took.begin(), took.end());
+  for (int64_t& t : took) t = longest - t;
+  AddOp(took.data(), 0, nullptr);
 }
 
 void StragglerMonitor::NoteStep(int64_t done_ns, int64_t* last_done_ns) {

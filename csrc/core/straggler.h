@@ -16,6 +16,16 @@
 // least 8) counts; it is named once it was also last in more than that share of as
 // many more counted samples (hysteresis: lateness that moves between ranks is not).
 //
+// A slow GPU whose host runs ahead is not late to negotiate: its requests arrive on
+// time, and then every other rank's GPU waits for it inside the collective. So each
+// rank also measures, on the GPU, how long its collectives ran from their start (their
+// inputs ready) to their end (ObserveGpuWaits): over the same ops, the rank whose
+// collectives took the least time is the one the others waited for, and a rank's
+// lateness is the longest such time of any rank minus its own. The ranks send the
+// total for every prefix of their GPU ops (they run the same ops in the same order)
+// in the steady-state exchange; a sample covers the ops between two totals every
+// rank has sent.
+//
 // Where it comes from: per-rank ready bits, which the coordinator has in every full
 // cycle and, up to Controller::kPerRankBitsMaxRanks ranks, in the steady-state
 // exchange too; the arrival of each rank's full requests; and beyond that many ranks,
@@ -31,6 +41,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -68,6 +79,10 @@ class StragglerMonitor {
                   Clock::time_point now);
   // A named op every rank submitted: when each rank's request arrived.
   void ObserveNamed(const std::vector<Clock::time_point>& arrived);
+  // Rank r's GPU had completed its first `ops` collectives, which ran `waited_ns` in
+  // total from their start to their end. Adds a sample when every rank has sent the
+  // total for a number of ops past the last sample's.
+  void ObserveGpuWaits(int rank, uint64_t ops, uint64_t waited_ns);
   // Ends a cycle. Every quarter of a second it re-evaluates the window; true when
   // the named straggler changed (then report() says who, and the caller logs it).
   bool EndCycle(Clock::time_point now);
@@ -113,6 +128,11 @@ class StragglerMonitor {
   int steps_head_ = 0;
   int steps_count_ = 0;
   std::vector<std::string> hosts_, sites_;
+  // ObserveGpuWaits: per rank, its recent totals (ops -> ns); the ops of the last
+  // sample and every rank's total then.
+  std::vector<std::map<uint64_t, uint64_t>> gpu_totals_;
+  uint64_t gpu_ops_ = 0;
+  std::vector<uint64_t> gpu_waited_;
   Clock::time_point next_eval_{};
   StragglerReport report_;
   // Samples that counted, ever; the rank that stands out (-1: none), the value of

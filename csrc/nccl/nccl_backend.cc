@@ -40,7 +40,7 @@ bool NcclBackend::Busy() {
   // own than merged with later ones and made to wait for them.
   for (auto& kv : devices_) {
     Device& d = kv.second;
-    DropDone(d.in_flight);
+    DropDone(d.in_flight, &times_);
     if (!d.in_flight.empty() && d.in_flight.front().start->Ready()) return true;
   }
   return false;
@@ -72,6 +72,12 @@ void NcclBackend::EndDirect(const std::string& why) {
   for (const auto& d : Directs()) d->End(why, 1.0);
 }
 
+void NcclBackend::CollectiveTotals(uint64_t* ops, uint64_t* took_ns) {
+  for (auto& kv : devices_) DropDone(kv.second.in_flight, &times_);
+  *ops = times_.ops;
+  *took_ns = times_.took_ns;
+}
+
 std::string NcclBackend::NewCommId() {
   ncclUniqueId id;
   const ncclResult_t r = ncclGetUniqueId(&id);
@@ -100,7 +106,7 @@ Status NcclBackend::Check() {
     Device& d = kv.second;
     if (d.comm == nullptr) continue;
     HVD_RETURN_IF_ERROR(AsyncError(d.comm, kv.first));
-    HVD_RETURN_IF_ERROR(CheckInFlight(d.in_flight, op_timeout_s_, kv.first));
+    HVD_RETURN_IF_ERROR(CheckInFlight(d.in_flight, op_timeout_s_, kv.first, &times_));
   }
   for (const auto& d : Directs()) HVD_RETURN_IF_ERROR(d->Check(op_timeout_s_));
   return Status::Ok();
@@ -149,7 +155,7 @@ Status NcclBackend::Execute(const std::vector<Response>& batch, std::vector<Entr
   for (auto& e : entries) {
     if (error.empty()) error = static_cast<NcclEvent*>(e.ready.get())->Block(stream);
   }
-  auto start = std::make_shared<NcclEvent>(device);
+  auto start = std::make_shared<NcclEvent>(device, time_collectives_);
   if (error.empty()) error = start->Record(stream);
   if (!error.empty()) return Status::Aborted(error);
   c10::cuda::CUDAStreamGuard stream_guard(stream);
@@ -178,11 +184,12 @@ Status NcclBackend::Execute(const std::vector<Response>& batch, std::vector<Entr
       return Status::Aborted(std::string("internal: ") + OpTypeName(r.type) +
                              " sent to the GPU backend");
   }
-  auto done = std::make_shared<NcclEvent>(device);
+  auto done = std::make_shared<NcclEvent>(device, time_collectives_);
   error = done->Record(stream);
   if (!error.empty()) return Status::Aborted(error);
-  DropDone(d->in_flight);
-  d->in_flight.push_back(InFlight{std::move(start), done, r.name});
+  DropDone(d->in_flight, &times_);
+  const int64_t seq = time_collectives_ ? static_cast<int64_t>(next_seq_++) : -1;
+  d->in_flight.push_back(InFlight{std::move(start), done, r.name, {}, seq});
   for (size_t i = 0; i < entries.size(); ++i) {
     // Memory used on our stream must not be reused before that work finishes.
     c10::cuda::CUDACachingAllocator::recordStream(entries[i].sub.input.storage().data_ptr(),

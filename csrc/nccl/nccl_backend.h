@@ -44,8 +44,13 @@ namespace hvd {
 
 class NcclBackend : public GpuBackend {
  public:
-  NcclBackend(ControlPlane* control, int rank, int size, double op_timeout_s)
-      : control_(control), rank_(rank), size_(size), op_timeout_s_(op_timeout_s) {}
+  // time_collectives: time each op on the GPU for the straggler report (Totals()).
+  NcclBackend(ControlPlane* control, int rank, int size, double op_timeout_s, bool time_collectives)
+      : control_(control),
+        rank_(rank),
+        size_(size),
+        op_timeout_s_(op_timeout_s),
+        time_collectives_(time_collectives) {}
   ~NcclBackend() override;
 
   std::shared_ptr<GpuEvent> RecordReady(const at::Tensor& tensor) override;
@@ -55,6 +60,7 @@ class NcclBackend : public GpuBackend {
   void Abort() override;
   Status Check() override;
   void EndDirect(const std::string& why) override;
+  void CollectiveTotals(uint64_t* ops, uint64_t* took_ns) override;
   std::string NewCommId() override;
   Status JoinComm(const std::string& id, int rank, int size, int device,
                   std::shared_ptr<DirectComm>* out) override;
@@ -83,6 +89,9 @@ class NcclBackend : public GpuBackend {
   int rank_;
   int size_;
   double op_timeout_s_;
+  const bool time_collectives_;
+  uint64_t next_seq_ = 0;          // background thread only
+  CollectiveTimes times_;          // background thread only
   std::map<int, Device> devices_;  // background thread only
   Mutex direct_mu_;
   std::vector<std::weak_ptr<NcclDirect>> direct_ HVD_GUARDED_BY(direct_mu_);  // JoinComm's

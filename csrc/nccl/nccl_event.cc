@@ -8,15 +8,17 @@
 namespace hvd {
 namespace {
 
-// CUDA events (timing disabled) are recycled: every op records two (ready and
+// CUDA events are recycled: every op records two or three (ready, and start and
 // done), and creating and destroying them costs the submitting thread more than
-// recording them. Never freed (a process keeps about as many as ops in flight).
+// recording them. Never freed (a process keeps about as many as ops in flight). Events
+// that time (NcclEvent's `timing`) are kept apart: they cost a timestamp each.
 class EventPool {
  public:
-  cudaEvent_t Get(int device) {
+  cudaEvent_t Get(int device, bool timing) {
+    const int key = device * 2 + (timing ? 1 : 0);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      auto& free = free_[device];
+      auto& free = free_[key];
       if (!free.empty()) {
         cudaEvent_t e = free.back();
         free.pop_back();
@@ -25,12 +27,12 @@ class EventPool {
     }
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
     cudaEvent_t e = nullptr;
-    cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming);
     return e;
   }
-  void Put(int device, cudaEvent_t e) {
+  void Put(int device, bool timing, cudaEvent_t e) {
     std::lock_guard<std::mutex> lock(mu_);
-    free_[device].push_back(e);
+    free_[device * 2 + (timing ? 1 : 0)].push_back(e);
   }
 
  private:
@@ -45,18 +47,47 @@ EventPool& Events() {
 
 }  // namespace
 
-NcclEvent::NcclEvent(int device) : device_(device), event_(Events().Get(device)) {}
+NcclEvent::NcclEvent(int device, bool timing)
+    : device_(device), timing_(timing), event_(Events().Get(device, timing)) {}
 
 NcclEvent::~NcclEvent() {
-  if (event_ != nullptr) Events().Put(device_, event_);
+  if (event_ != nullptr) Events().Put(device_, timing_, event_);
 }
 
-void DropDone(std::deque<InFlight>& ops) {
-  while (!ops.empty() && ops.front().done->Ready()) ops.pop_front();
+double NcclEvent::SecondsSince(const NcclEvent& start) const {
+  if (!timing_ || !start.timing_ || event_ == nullptr || start.event_ == nullptr) return -1;
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  float ms = 0;
+  if (cudaEventElapsedTime(&ms, start.event_, event_) != cudaSuccess) {
+    cudaGetLastError();  // not sticky
+    return -1;
+  }
+  return static_cast<double>(ms) * 1e-3;
 }
 
-Status CheckInFlight(std::deque<InFlight>& ops, double timeout_s, int device) {
-  DropDone(ops);
+void CollectiveTimes::Add(uint64_t seq, uint64_t ns) {
+  later[seq] = ns;
+  while (!later.empty() && later.begin()->first == ops) {
+    took_ns += later.begin()->second;
+    ++ops;
+    later.erase(later.begin());
+  }
+}
+
+void DropDone(std::deque<InFlight>& ops, CollectiveTimes* times) {
+  while (!ops.empty() && ops.front().done->Ready()) {
+    const InFlight& op = ops.front();
+    if (times != nullptr && op.seq >= 0) {
+      const double s = op.done->SecondsSince(*op.start);
+      times->Add(static_cast<uint64_t>(op.seq), s > 0 ? static_cast<uint64_t>(s * 1e9) : 0);
+    }
+    ops.pop_front();
+  }
+}
+
+Status CheckInFlight(std::deque<InFlight>& ops, double timeout_s, int device,
+                     CollectiveTimes* times) {
+  DropDone(ops, times);
   if (ops.empty() || timeout_s <= 0) return Status::Ok();
   InFlight& op = ops.front();
   const auto now = std::chrono::steady_clock::now();

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -24,7 +25,8 @@ namespace hvd {
 // later use.
 class NcclEvent : public GpuEvent {
  public:
-  explicit NcclEvent(int device);
+  // `timing`: an event that SecondsSince() can time (it costs a timestamp).
+  explicit NcclEvent(int device, bool timing = false);
   ~NcclEvent() override;
   NcclEvent(const NcclEvent&) = delete;
   NcclEvent& operator=(const NcclEvent&) = delete;
@@ -45,6 +47,9 @@ class NcclEvent : public GpuEvent {
     return Error("cudaStreamWaitEvent", cudaStreamWaitEvent(s.stream(), event_, 0));
   }
   bool Ready() override { return cudaEventQuery(event_) == cudaSuccess; }
+  // Seconds from `start` to this event, both recorded with `timing` and both fired
+  // (-1: not timed).
+  double SecondsSince(const NcclEvent& start) const;
   void BlockCurrentStream(const at::Tensor& result, bool wait) override {
     auto stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_));
     if (wait) {
@@ -74,23 +79,38 @@ class NcclEvent : public GpuEvent {
   }
 
   int device_;
+  bool timing_;
   cudaEvent_t event_ = nullptr;
 };
 
 // An op on a stream not known to be done: an event recorded when it starts (its
 // inputs ready, the ops before it done), one when done.
 struct InFlight {
-  std::shared_ptr<GpuEvent> start, done;
+  std::shared_ptr<NcclEvent> start, done;
   std::string name;
   // When CheckInFlight() first saw it started (the default: not yet).
   std::chrono::steady_clock::time_point since{};
+  int64_t seq = -1;  // its place among a backend's timed collectives (-1: not timed)
 };
 
-// Drops the done ops from the front of `ops` (oldest first).
-void DropDone(std::deque<InFlight>& ops);
+// The GPU time of a backend's collectives, each from its start (inputs ready, the ops
+// before it done) to its end, summed over the first `ops` of them, all complete: what
+// the straggler report compares across ranks (core/straggler.h). The ops complete in
+// order on each device, but not across devices: `later` holds those past a gap.
+struct CollectiveTimes {
+  uint64_t ops = 0;
+  uint64_t took_ns = 0;
+  std::map<uint64_t, uint64_t> later;  // by sequence
+  void Add(uint64_t seq, uint64_t ns);
+};
+
+// Drops the done ops from the front of `ops` (oldest first), timing those with a
+// sequence into *times (when given).
+void DropDone(std::deque<InFlight>& ops, CollectiveTimes* times = nullptr);
 
 // After DropDone: an error once the oldest op has run more than timeout_s (0: never)
 // on GPU `device` since it started.
-Status CheckInFlight(std::deque<InFlight>& ops, double timeout_s, int device);
+Status CheckInFlight(std::deque<InFlight>& ops, double timeout_s, int device,
+                     CollectiveTimes* times = nullptr);
 
 }  // namespace hvd

@@ -4,7 +4,9 @@
 
 namespace hvd {
 
-std::unique_ptr<GpuBackend> CreateGpuBackend(ControlPlane*, int, int, double) { return nullptr; }
+std::unique_ptr<GpuBackend> CreateGpuBackend(ControlPlane*, int, int, double, bool) {
+  return nullptr;
+}
 
 int NcclVersionBuilt() { return 0; }
 

@@ -4,8 +4,8 @@
 namespace hvd {
 
 std::unique_ptr<GpuBackend> CreateGpuBackend(ControlPlane* control, int rank, int size,
-                                             double op_timeout_s) {
-  return std::make_unique<NcclBackend>(control, rank, size, op_timeout_s);
+                                             double op_timeout_s, bool time_collectives) {
+  return std::make_unique<NcclBackend>(control, rank, size, op_timeout_s, time_collectives);
 }
 
 int NcclVersionBuilt() { return NCCL_VERSION_CODE; }

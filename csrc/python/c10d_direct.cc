@@ -106,15 +106,21 @@ bool C10dDirect::Pairs(DirectOp::Kind kind, const std::vector<at::Tensor>& input
 std::shared_ptr<DirectComm> C10dDirect::Comm(int device, const char* what) {
   auto it = comms_.find(device);
   if (it != comms_.end()) return it->second;
-  // Rank 0's id, broadcast as the group's next engine call (a CPU tensor).
-  std::string id;
+  // Rank 0's id, broadcast as the group's next engine call (a CPU tensor): a byte that
+  // says whether rank 0 made one, then the id. A rank 0 that could not make it still
+  // takes part, so that every rank fails at once instead of waiting for it.
+  std::string id, why;
   if (rank_ == 0) {
     Status st = NewDirectCommId(&id);
-    if (!st.ok()) Fail(std::string(what) + ": " + st.message());
+    if (!st.ok()) why = st.message();
+    if (st.ok() && id.size() != kIdBytes) why = "NCCL's unique id is not 128 bytes";
   }
-  at::Tensor bytes = at::zeros({static_cast<int64_t>(kIdBytes)}, at::kByte);
-  if (rank_ == 0 && id.size() != kIdBytes) Fail("NCCL's unique id is not 128 bytes");
-  std::copy(id.begin(), id.end(), static_cast<char*>(bytes.data_ptr()));
+  at::Tensor bytes = at::zeros({static_cast<int64_t>(1 + kIdBytes)}, at::kByte);
+  char* data = static_cast<char*>(bytes.data_ptr());
+  if (rank_ == 0 && why.empty()) {
+    data[0] = 1;
+    std::copy(id.begin(), id.end(), data + 1);
+  }
   Submission s;
   s.process_set_id = process_set_id_;
   s.request.type = OpType::kBroadcast;
@@ -123,9 +129,12 @@ std::shared_ptr<DirectComm> C10dDirect::Comm(int device, const char* what) {
   s.output = bytes;
   auto work = calls_->Run(c10d::OpType::BROADCAST, "nccl_id", {std::move(s)}, {bytes}, nullptr);
   work->wait();
+  if (data[0] != 1) {
+    Fail(std::string(what) + ": rank 0 of the group could not make its NCCL communicator's id" +
+         (why.empty() ? " (rank 0's error says why)" : ": " + why));
+  }
   std::shared_ptr<DirectComm> comm;
-  Status st = JoinDirectComm(std::string(static_cast<const char*>(bytes.data_ptr()), kIdBytes),
-                             rank_, size_, device, &comm);
+  Status st = JoinDirectComm(std::string(data + 1, kIdBytes), rank_, size_, device, &comm);
   if (!st.ok())
     Fail(std::string(what) + ": joining the group's NCCL communicator: " + st.message());
   comms_[device] = comm;

@@ -94,8 +94,9 @@ std::string Canonical(const std::vector<Response>& rs) {
 // Steady-state bytes one rank sends per cycle. Up to 64 ranks an allgather of the
 // "needs a full cycle" word plus the cache bits, to each of n - 1 peers; beyond, an
 // AND/OR allreduce of the bits and (flag + bits + a bit per rank): ceil(log2 n) messages.
+// Flags, the ready bits, and the GPU collectives' two totals (the straggler monitor's).
 int64_t FastMessageBytes(size_t capacity) {
-  return 8 * (1 + static_cast<int64_t>((capacity + 63) / 64));
+  return 8 * (1 + static_cast<int64_t>((capacity + 63) / 64) + 2);
 }
 int64_t FastCycleBytes(int n, size_t capacity) {
   if (n <= hvd::Controller::kPerRankBitsMaxRanks) return (n - 1) * FastMessageBytes(capacity);

@@ -250,5 +250,77 @@ TEST(Straggler, ZeroMinimumLagNamesNobodyInABalancedJob) {
   EXPECT_EQ(d.mon().report().samples, 0);
 }
 
+// The GPU signal (ObserveGpuWaits): each rank's total GPU time of its first n
+// collectives. Every step adds `ops` collectives; rank r's took `took_ms(r)` in all.
+class GpuDriver {
+ public:
+  explicit GpuDriver(int size) : size_(size), mon_(size, {}), t_(Clock::now()), totals_(size) {}
+  template <typename F>
+  int Step(int ops, F took_ms) {
+    n_ += static_cast<uint64_t>(ops);
+    for (int r = 0; r < size_; ++r) {
+      totals_[r] += static_cast<uint64_t>(took_ms(r) * 1e6);
+      mon_.ObserveGpuWaits(r, n_, totals_[r]);
+    }
+    t_ += milliseconds(50);
+    return mon_.EndCycle(t_) ? 1 : 0;
+  }
+  StragglerMonitor& mon() { return mon_; }
+
+ private:
+  int size_;
+  StragglerMonitor mon_;
+  Clock::time_point t_;
+  uint64_t n_ = 0;
+  std::vector<uint64_t> totals_;
+};
+
+// Rank 1's GPU is 40 ms behind: its collectives start when its inputs are ready, so
+// they take 40 ms less than the others', which wait inside them.
+TEST(Straggler, AGpuTheOthersWaitForIsNamed) {
+  GpuDriver d(3);
+  int changes = 0;
+  for (int s = 0; s < 60; ++s) changes += d.Step(2, [](int r) { return r == 1 ? 3.0 : 43.0; });
+  const StragglerReport& rep = d.mon().report();
+  EXPECT_EQ(rep.straggler, 1);
+  EXPECT_EQ(changes, 1);
+  // Every sample counts (as of the last evaluation, every 250 ms); the first totals are
+  // where sampling starts.
+  EXPECT_EQ(rep.samples, rep.cycles);
+  EXPECT_GE(rep.cycles, 55);
+  EXPECT_LE(rep.cycles, 59);
+  EXPECT_NEAR(rep.ranks[1].median_s, 0.040, 1e-4);
+  EXPECT_DOUBLE_EQ(rep.ranks[1].last_share, 1.0);
+  EXPECT_EQ(rep.ranks[0].median_s, 0);
+}
+
+// Totals that reach the coordinator at different counts (a rank ahead, a rank that
+// sends two steps' at once) are compared only at counts every rank has sent.
+TEST(Straggler, GpuTotalsAreComparedAtCountsEveryRankSent) {
+  StragglerMonitor mon(2, {});
+  mon.ObserveGpuWaits(0, 2, 10'000'000);
+  mon.ObserveGpuWaits(1, 2, 10'000'000);  // the start
+  mon.ObserveGpuWaits(0, 4, 60'000'000);  // rank 0: 50 ms over ops 2-3
+  mon.ObserveGpuWaits(0, 6, 110'000'000);
+  mon.ObserveGpuWaits(1, 6, 30'000'000);  // rank 1 skips 4: 20 ms over ops 2-5
+  mon.EndCycle(Clock::now());
+  ASSERT_EQ(mon.cycle_sample().size(), 2u);
+  EXPECT_NEAR(mon.cycle_sample()[0], 0.0, 1e-9);
+  EXPECT_NEAR(mon.cycle_sample()[1], 0.080, 1e-9);  // 100 ms against its 20
+  mon.ObserveGpuWaits(1, 4, 20'000'000);            // behind the last sample: ignored
+  mon.EndCycle(Clock::now());
+  EXPECT_TRUE(mon.cycle_sample().empty());
+}
+
+TEST(Straggler, BalancedGpusWithJitterStaySilent) {
+  std::mt19937 rng(11);
+  GpuDriver d(4);
+  for (int s = 0; s < 500; ++s) {
+    ASSERT_EQ(d.Step(3, [&](int) { return 20.0 + (rng() % 2000) / 1000.0; }), 0) << "step " << s;
+  }
+  EXPECT_EQ(d.mon().report().straggler, -1);
+  EXPECT_EQ(d.mon().report().samples, 0);  // no rank 5 ms behind
+}
+
 }  // namespace
 }  // namespace hvd
