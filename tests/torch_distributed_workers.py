@@ -156,7 +156,10 @@ def _check_collectives(device: str, group, gloo) -> None:
     assert objs == [{"rank": r} for r in range(size)], objs
     dist.barrier(group=group)
     work = dist.all_reduce(torch.ones(4), async_op=True, group=group)
-    assert work.wait() and work.is_completed()
+    assert work.wait()
+    if device == "cuda":  # wait() makes the stream wait, as NCCL's group does; not the host
+        torch.cuda.current_stream().synchronize()
+    assert work.is_completed()
     fut = dist.all_reduce(torch.ones(2), async_op=True, group=group).get_future()
     chained = fut.then(lambda f: f.value()[0] * 2)
     _same(chained.wait(), torch.full((2,), 2.0 * size), "future")
