@@ -295,14 +295,26 @@ Status SubmitToRuntime(std::vector<Submission> subs,
   return st;
 }
 
-constexpr const char* kNoNccl = "this build of horovod_torch has no NCCL (hvd.nccl_built())";
+namespace {
+
+// The runtime's GPU backend, under G().mu; an error when there is none.
+Status RuntimeGpu(GpuBackend** gpu) HVD_REQUIRES(G().mu) {
+  if (!G().runtime) return Status::InvalidArgument(kNotInitialized);
+  *gpu = G().runtime->gpu();
+  if (*gpu == nullptr) {
+    return Status::InvalidArgument("this build of horovod_torch has no NCCL (hvd.nccl_built())");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 Status NewDirectCommId(std::string* id) {
   MutexLock lock(G().mu);
-  if (!G().runtime) return Status::InvalidArgument(kNotInitialized);
-  if (G().runtime->gpu() == nullptr) return Status::InvalidArgument(kNoNccl);
+  GpuBackend* gpu = nullptr;
+  HVD_RETURN_IF_ERROR(RuntimeGpu(&gpu));
   try {
-    *id = G().runtime->gpu()->NewCommId();
+    *id = gpu->NewCommId();
   } catch (const std::exception& e) {
     return Status::Aborted(e.what());
   }
@@ -314,9 +326,9 @@ Status NewDirectCommId(std::string* id) {
 Status JoinDirectComm(const std::string& id, int rank, int size, int device,
                       std::shared_ptr<DirectComm>* out) {
   MutexLock lock(G().mu);
-  if (!G().runtime) return Status::InvalidArgument(kNotInitialized);
-  if (G().runtime->gpu() == nullptr) return Status::InvalidArgument(kNoNccl);
-  return G().runtime->gpu()->JoinComm(id, rank, size, device, out);
+  GpuBackend* gpu = nullptr;
+  HVD_RETURN_IF_ERROR(RuntimeGpu(&gpu));
+  return gpu->JoinComm(id, rank, size, device, out);
 }
 
 bool C10dCudaDirect() {
