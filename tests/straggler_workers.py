@@ -54,3 +54,38 @@ def train(slow_rank: str, delay_ms: str, steps: str, compute_ms: str = "2",
           flush=True)
     print(report, flush=True)
     hvd.shutdown()
+
+
+def join_tail(join_step: str, steps: str, busy_ms: str) -> None:
+    """On GPUs: rank 1 calls hvd.join() after `join_step` steps, the others train
+    `steps`, their GPUs busy `busy_ms` in each. Rank 1's engine then runs their
+    allreduces with zeros, which wait inside NCCL for the others' inputs: its collectives
+    take longest, so GPU times compared beside a join would name a rank still training.
+    Prints what this rank's report named, as train() does."""
+    hvd.init()
+    torch.cuda.set_device(hvd.local_rank())
+    dev = torch.device("cuda", hvd.local_rank())
+    cycles_per_ms = torch.cuda.get_device_properties(dev).clock_rate
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 8)).to(dev)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters())
+    x = torch.randn(16, 32, device=dev)
+    named = None
+    for _ in range(int(join_step) if hvd.rank() == 1 else int(steps)):
+        torch.cuda._sleep(int(cycles_per_ms * float(busy_ms)))
+        opt.zero_grad()
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        loss.item()
+        if named is None:
+            named = hvd.straggler_report().straggler
+    hvd.join()
+    time.sleep(1.5)  # the last report reaches every rank within about a second
+    hvd.allreduce(torch.zeros(1), name="straggler.flush")
+    report = hvd.straggler_report()
+    print(f"FINAL rank={hvd.rank()} named={named} straggler={report.straggler} "
+          f"samples={report.samples} cycles={report.cycles}", flush=True)
+    hvd.shutdown()

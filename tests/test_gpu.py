@@ -107,6 +107,16 @@ def test_a_slow_gpu_is_named_a_straggler():
     assert "straggler: rank 1 (host" in results[0].output
 
 
+def test_a_join_tail_names_no_straggler():
+    """Rank 1 joins after 10 steps; rank 0 trains 50 more with its GPU busy 20 ms in each.
+    Rank 1's zeros wait inside NCCL for rank 0's inputs, so its allreduces take longest;
+    that is no straggler (GPU times are not compared while a rank has joined)."""
+    results = run_workers("tests.straggler_workers:join_tail", 2, args=["10", "60", "20"],
+                          env=GPU_ENV, timeout=240)
+    for r in results:
+        assert "named=None straggler=None" in r.output, r.output[-3000:]
+
+
 def test_process_sets_with_nccl():
     run_workers("tests.process_set_workers:gpu_sets", 2, env=GPU_ENV, timeout=240)
 

@@ -88,7 +88,7 @@ namespace hvd {
     "does; 0 waits forever.")                                                                \
   X(straggler_check, "HOROVOD_STRAGGLER_CHECK", int64_t, 1,                                  \
     "1: the coordinator measures how late each rank's requests arrive, and how much "        \
-    "less time its NCCL collectives take on the GPU than the others' (the others "           \
+    "less time its NCCL allreduces take on the GPU than the others' (the others "            \
     "waited for it), and names a rank that persistently lags (hvd.straggler_report(), "      \
     "one warning on rank 0, timeline counters); 0: no measurement.")                         \
   X(straggler_window, "HOROVOD_STRAGGLER_WINDOW", int64_t, 64,                               \

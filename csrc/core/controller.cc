@@ -280,6 +280,7 @@ ResponseList Controller::Coordinate(const std::vector<RequestList>& lists, bool*
     }
   }
   std::map<int64_t, std::string> failed_groups;  // every rank's group id of a failed name
+  out.ranks_joined = std::find(joined_.begin(), joined_.end(), true) != joined_.end();
   FailBesideJoin(lists, &failed_groups, &out);
   BindAnySource();  // after: a pair never fails beside a join (its receiver would miss it)
   // Cached repeats: ready when every rank that has not joined has it pending (none,
@@ -380,6 +381,7 @@ void Controller::ApplyParams(const ResponseList& list) {
 }
 
 void Controller::Apply(const ResponseList& list, std::vector<Response>* out) {
+  ranks_joined_ = list.ranks_joined;  // the steady state's lists: never (joins need full cycles)
   auto requeue = [this](int pos) { Requeue(pos); };
   for (size_t pos = 0; pos < cache_.capacity(); ++pos) {
     if (TestBit(list.invalid_bits, pos)) {

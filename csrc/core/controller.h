@@ -71,6 +71,9 @@ class Controller {
     gpu_ops_ = ops;
     gpu_took_ns_ = took_ns;
   }
+  // Whether the last cycle's ops ran beside a rank that has joined (it contributes
+  // zeros), as the coordinator said: the same on every rank.
+  bool ranks_joined() const { return ranks_joined_; }
   // The coordinator's latest report as every rank received it; the version counts
   // reports received (0: none yet).
   const StragglerReport& stragglers() const { return stragglers_; }
@@ -186,6 +189,7 @@ class Controller {
 
   bool steady_exchange_ = true;
   uint64_t gpu_ops_ = 0, gpu_took_ns_ = 0;  // SetGpuTotals
+  bool ranks_joined_ = false;               // ranks_joined()
   bool fast_ok_ = false;                    // a full cycle succeeded: capacities agree
   bool join_pending_ = false;              // this rank asked to join and the join has not completed
   std::vector<uint64_t> pending_invalid_;  // stale cache positions found since last cycle

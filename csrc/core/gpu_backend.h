@@ -73,6 +73,10 @@ class GpuBackend : public Executor {
   // *took_ns on the GPU in total, each from its start (its inputs ready, the ops before
   // it done) to its end. Zero when the backend does not time them.
   virtual void CollectiveTotals(uint64_t* ops, uint64_t* took_ns) = 0;
+  // Whether the next ops' times are comparable across ranks (the runtime says so per
+  // cycle, the same on every rank): not while a rank that joined runs them with zeros.
+  // Only allreduces are timed: every rank's share of their work is equal.
+  virtual void CompareTimes(bool on) = 0;
   // A unique id for a new DirectComm, made by its rank 0 and handed to the others.
   virtual std::string NewCommId() = 0;
   // Joins the DirectComm of `size` ranks that rank 0's `id` names, as `rank`, on

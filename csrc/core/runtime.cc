@@ -244,6 +244,7 @@ void Runtime::Loop() {
         cached_ops_.fetch_add(cached, std::memory_order_relaxed);
         negotiated_ops_.fetch_add(negotiated, std::memory_order_relaxed);
       }
+      if (ps.id == 0 && gpu_ != nullptr) gpu_->CompareTimes(!ps.controller->ranks_joined());
       if (st.ok()) st = Execute(ps, responses);
       busy = busy || !responses.empty();
     }

@@ -148,6 +148,21 @@ void StragglerMonitor::AddOp(const int64_t* seen_ns, int64_t done_ns, int64_t* l
   if (last_done_ns != nullptr) NoteStep(done_ns, last_done_ns);
 }
 
+void CollectiveTimes::Add(uint64_t seq, uint64_t ns) {
+  if (ended) return;
+  later[seq] = ns;
+  while (!later.empty() && later.begin()->first == ops) {
+    if (later.begin()->second == kUntimed) {
+      ended = true;
+      later.clear();
+      return;
+    }
+    took_ns += later.begin()->second;
+    ++ops;
+    later.erase(later.begin());
+  }
+}
+
 void StragglerMonitor::ObserveGpuWaits(int rank, uint64_t ops, uint64_t waited_ns) {
   if (rank < 0 || rank >= size_ || ops <= gpu_ops_) return;
   auto& mine = gpu_totals_[rank];

@@ -18,8 +18,10 @@
 //
 // A slow GPU whose host runs ahead is not late to negotiate: its requests arrive on
 // time, and then every other rank's GPU waits for it inside the collective. So each
-// rank also measures, on the GPU, how long its collectives ran from their start (their
-// inputs ready) to their end (ObserveGpuWaits): over the same ops, the rank whose
+// rank also measures, on the GPU, how long its allreduces ran from their start (their
+// inputs ready) to their end (ObserveGpuWaits; allreduces, as every rank's share of
+// their work is equal, and not while a rank that joined runs them with zeros, as the
+// coordinator tells every rank): over the same ops, the rank whose
 // collectives took the least time is the one the others waited for, and a rank's
 // lateness is the longest such time of any rank minus its own. The ranks send the
 // total for every prefix of their GPU ops (they run the same ops in the same order)
@@ -54,6 +56,21 @@ struct StragglerOptions {
   double lag_fraction = 0.1;  // threshold, as a fraction of the step time
   double min_lag_s = 0.005;   // ... and at least this
   double share = 0.5;         // a rank must be last in more than this share of samples
+};
+
+// The GPU time of a backend's collectives, each from its start (inputs ready, the ops
+// before it done) to its end, summed over the first `ops` of them, all complete: what
+// the straggler report compares across ranks (ObserveGpuWaits). The ops complete in
+// order on each device, but not across devices: `later` holds those past a gap.
+struct CollectiveTimes {
+  static constexpr uint64_t kUntimed = ~0ull;  // Add()'s ns when the GPU gave no time
+  uint64_t ops = 0;
+  uint64_t took_ns = 0;
+  std::map<uint64_t, uint64_t> later;  // by sequence
+  // An op the GPU could not time ends the totals (counting it as zero would make this
+  // rank look waited for): they stay where they were, and the report has host lateness.
+  bool ended = false;
+  void Add(uint64_t seq, uint64_t ns);
 };
 
 class StragglerMonitor {

@@ -155,12 +155,14 @@ Status NcclBackend::Execute(const std::vector<Response>& batch, std::vector<Entr
   for (auto& e : entries) {
     if (error.empty()) error = static_cast<NcclEvent*>(e.ready.get())->Block(stream);
   }
-  auto start = std::make_shared<NcclEvent>(device, time_collectives_);
+  const Response& r = batch[0];
+  // Timed: what the straggler report compares across ranks (CollectiveTotals).
+  const bool timed = time_collectives_ && compare_times_ && r.type == OpType::kAllreduce;
+  auto start = std::make_shared<NcclEvent>(device, timed);
   if (error.empty()) error = start->Record(stream);
   if (!error.empty()) return Status::Aborted(error);
   c10::cuda::CUDAStreamGuard stream_guard(stream);
 
-  const Response& r = batch[0];
   std::vector<at::Tensor> outs(entries.size());
   at::Tensor splits;
   switch (r.type) {
@@ -184,11 +186,11 @@ Status NcclBackend::Execute(const std::vector<Response>& batch, std::vector<Entr
       return Status::Aborted(std::string("internal: ") + OpTypeName(r.type) +
                              " sent to the GPU backend");
   }
-  auto done = std::make_shared<NcclEvent>(device, time_collectives_);
+  auto done = std::make_shared<NcclEvent>(device, timed);
   error = done->Record(stream);
   if (!error.empty()) return Status::Aborted(error);
   DropDone(d->in_flight, &times_);
-  const int64_t seq = time_collectives_ ? static_cast<int64_t>(next_seq_++) : -1;
+  const int64_t seq = timed ? static_cast<int64_t>(next_seq_++) : -1;
   d->in_flight.push_back(InFlight{std::move(start), done, r.name, {}, seq});
   for (size_t i = 0; i < entries.size(); ++i) {
     // Memory used on our stream must not be reused before that work finishes.

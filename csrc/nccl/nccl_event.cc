@@ -65,21 +65,13 @@ double NcclEvent::SecondsSince(const NcclEvent& start) const {
   return static_cast<double>(ms) * 1e-3;
 }
 
-void CollectiveTimes::Add(uint64_t seq, uint64_t ns) {
-  later[seq] = ns;
-  while (!later.empty() && later.begin()->first == ops) {
-    took_ns += later.begin()->second;
-    ++ops;
-    later.erase(later.begin());
-  }
-}
-
 void DropDone(std::deque<InFlight>& ops, CollectiveTimes* times) {
   while (!ops.empty() && ops.front().done->Ready()) {
     const InFlight& op = ops.front();
     if (times != nullptr && op.seq >= 0) {
       const double s = op.done->SecondsSince(*op.start);
-      times->Add(static_cast<uint64_t>(op.seq), s > 0 ? static_cast<uint64_t>(s * 1e9) : 0);
+      times->Add(static_cast<uint64_t>(op.seq),
+                 s >= 0 ? static_cast<uint64_t>(s * 1e9) : CollectiveTimes::kUntimed);
     }
     ops.pop_front();
   }

@@ -17,6 +17,7 @@
 
 #include "common/status.h"
 #include "core/gpu_backend.h"
+#include "core/straggler.h"
 
 namespace hvd {
 
@@ -91,17 +92,6 @@ struct InFlight {
   // When CheckInFlight() first saw it started (the default: not yet).
   std::chrono::steady_clock::time_point since{};
   int64_t seq = -1;  // its place among a backend's timed collectives (-1: not timed)
-};
-
-// The GPU time of a backend's collectives, each from its start (inputs ready, the ops
-// before it done) to its end, summed over the first `ops` of them, all complete: what
-// the straggler report compares across ranks (core/straggler.h). The ops complete in
-// order on each device, but not across devices: `later` holds those past a gap.
-struct CollectiveTimes {
-  uint64_t ops = 0;
-  uint64_t took_ns = 0;
-  std::map<uint64_t, uint64_t> later;  // by sequence
-  void Add(uint64_t seq, uint64_t ns);
 };
 
 // Drops the done ops from the front of `ops` (oldest first), timing those with a

@@ -12,7 +12,7 @@ namespace {
 // devices), so that ranks of different builds fail on the first message instead of
 // decoding garbage.
 constexpr uint32_t kRequestMagic = 0x48565132;   // "HVQ2"
-constexpr uint32_t kResponseMagic = 0x48565334;  // "HVS4"
+constexpr uint32_t kResponseMagic = 0x48565335;  // "HVS5"
 
 // A control op's fields follow its kind; a data op has only the kind (kNone).
 void Put(Writer& w, const ControlOp& c) {
@@ -210,6 +210,7 @@ std::string Encode(const ResponseList& list) {
   w.Bool(list.shutdown);
   if (list.shutdown) w.I32(list.shutdown_rank);
   w.Str(list.fatal);
+  w.Bool(list.ranks_joined);
   w.U64s(list.ready_bits);
   w.U64s(list.invalid_bits);
   w.U32(static_cast<uint32_t>(list.responses.size()));
@@ -270,6 +271,7 @@ Status Decode(const std::string& bytes, ResponseList* list) {
   list->shutdown = rd.Bool();
   list->shutdown_rank = list->shutdown ? rd.I32() : -1;
   list->fatal = rd.Str();
+  list->ranks_joined = rd.Bool();
   list->ready_bits = rd.U64s();
   list->invalid_bits = rd.U64s();
   uint32_t n = rd.U32();

@@ -165,6 +165,9 @@ struct ResponseList {
   bool shutdown = false;
   int32_t shutdown_rank = -1;  // with shutdown: the lowest rank that asked
   std::string fatal;           // non-empty: the job stops; every rank fails with this message
+  // A rank has joined (hvd.join()): this cycle's allreduces run with its zeros, so the
+  // ranks' GPU times are not compared (core/straggler.h).
+  bool ranks_joined = false;
   // Autotune: the coordinator's new setting, applied by every rank this cycle.
   bool has_params = false;
   int64_t fusion_threshold_bytes = 0;

@@ -79,6 +79,7 @@ using Schedule = std::vector<std::map<int, std::vector<Request>>>;
 struct RunLog {
   std::vector<std::vector<std::vector<Response>>> responses;  // [rank][cycle]
   std::vector<std::vector<bool>> shutdown;                    // [rank][cycle]
+  std::vector<std::vector<bool>> joined;                      // [rank][cycle]: ranks_joined()
   std::vector<Status> status;                                 // per rank
   std::vector<size_t> first_sent;  // index of this run's first RequestList in spy->sent
 };
@@ -89,6 +90,7 @@ RunLog RunCycles(Ranks& ranks, const Schedule& schedule, int cycles,
   RunLog log;
   log.responses.assign(n, {});
   log.shutdown.assign(n, {});
+  log.joined.assign(n, {});
   log.status.assign(n, Status::Ok());
   for (int r = 0; r < n; ++r) log.first_sent.push_back(ranks.spies[r]->sent.size());
   RunRanks(n, [&](int r) {
@@ -108,6 +110,7 @@ RunLog RunCycles(Ranks& ranks, const Schedule& schedule, int cycles,
       }
       log.responses[r].push_back(out);
       log.shutdown[r].push_back(shutdown);
+      log.joined[r].push_back(ranks.ctrls[r]->ranks_joined());
     }
   });
   return log;
@@ -772,6 +775,31 @@ TEST(Controller, ShutdownRequestReachesEveryRank) {
   ASSERT_NO_FATAL_FAILURE(ExpectIdentical(log, 3));
   for (int r = 0; r < 3; ++r) {
     EXPECT_EQ(log.shutdown[r], (std::vector<bool>{false, true, false})) << "rank " << r;
+  }
+}
+
+// While a rank has joined (it runs the others' allreduces with zeros), every rank is
+// told so with each cycle's ops, so that their GPU times are not compared; from the
+// cycle after the last rank joined, no more.
+TEST(Controller, EveryRankIsToldWhileARankHasJoined) {
+  Watchdog wd(30, "EveryRankIsToldWhileARankHasJoined");
+  Ranks ranks;
+  Status st = MakeRanks(2, {8, 8}, &ranks);
+  ASSERT_TRUE(st.ok()) << st.message();
+  Request join = Req("join", {}, OpType::kControl);
+  join.control.kind = ControlKind::kJoin;
+  Schedule s = {
+      {{0, {join}}, {3, {Req("c", {1})}}},
+      {{0, {Req("a", {1})}}, {1, {Req("b", {1})}}, {2, {join}}, {3, {Req("c", {1})}}},
+  };
+  RunLog log = RunCycles(ranks, s, 5);
+  ASSERT_NO_FATAL_FAILURE(ExpectIdentical(log, 5));
+  EXPECT_EQ(Names(log.responses[0][0]), std::vector<std::string>{"a"});
+  EXPECT_EQ(Names(log.responses[0][1]), std::vector<std::string>{"b"});
+  EXPECT_EQ(Names(log.responses[0][2]), std::vector<std::string>{"join"});
+  EXPECT_EQ(Names(log.responses[0][3]), std::vector<std::string>{"c"});
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(log.joined[r], (std::vector<bool>{true, true, true, false, false})) << "rank " << r;
   }
 }
 

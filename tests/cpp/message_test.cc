@@ -113,6 +113,7 @@ ResponseList SampleResponseList() {
   l.invalid_bits = {};
   l.shutdown = true;
   l.shutdown_rank = 5;
+  l.ranks_joined = true;
   l.has_stragglers = true;
   l.stragglers.cycles = 64;
   l.stragglers.samples = 40;
@@ -204,6 +205,7 @@ TEST(Message, ResponseListRoundTrip) {
   ASSERT_TRUE(Decode(bytes, &out).ok());
   EXPECT_EQ(out.shutdown, in.shutdown);
   EXPECT_EQ(out.shutdown_rank, in.shutdown_rank);
+  EXPECT_TRUE(out.ranks_joined);
   EXPECT_EQ(out.ready_bits, in.ready_bits);
   EXPECT_EQ(out.invalid_bits, in.invalid_bits);
   ASSERT_EQ(out.responses.size(), in.responses.size());
@@ -355,8 +357,9 @@ TEST(Message, DecodeRejectsOutOfRangeEnums) {
   r.name = "x";
   l.responses.push_back(r);
   std::string good = Encode(l);
-  // magic 4, shutdown 1, fatal 4+0, ready 4, invalid 4, count 4, then type u8.
-  const size_t type_off = 21;
+  // magic 4, shutdown 1, fatal 4+0, ranks_joined 1, ready 4, invalid 4, count 4, then
+  // type u8.
+  const size_t type_off = 22;
   const size_t dtype_off = type_off + 1 + 4 + 1 + 4 + 0;  // type, name(len+1), error(len+0)
   std::string bad_type = good, bad_dtype = good;
   bad_type[type_off] = static_cast<char>(200);

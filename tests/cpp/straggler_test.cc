@@ -323,4 +323,23 @@ TEST(Straggler, BalancedGpusWithJitterStaySilent) {
 }
 
 }  // namespace
+// A rank's totals over its timed ops in execution order: ops that complete past a
+// gap (on another device) wait for it; an op the GPU could not time ends the totals
+// where they were (counted as zero, it would make this rank look waited for).
+TEST(Straggler, CollectiveTimesSumTheCompletedPrefix) {
+  CollectiveTimes t;
+  t.Add(1, 20);  // past the gap at 0
+  EXPECT_EQ(t.ops, 0u);
+  t.Add(0, 10);
+  EXPECT_EQ(t.ops, 2u);
+  EXPECT_EQ(t.took_ns, 30u);
+  t.Add(3, 40);
+  t.Add(2, CollectiveTimes::kUntimed);
+  t.Add(4, 50);
+  EXPECT_TRUE(t.ended);
+  EXPECT_EQ(t.ops, 2u);
+  EXPECT_EQ(t.took_ns, 30u);
+  EXPECT_TRUE(t.later.empty());
+}
+
 }  // namespace hvd
