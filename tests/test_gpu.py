@@ -100,18 +100,20 @@ def test_a_slow_gpu_is_named_a_straggler():
     """Rank 1's GPU gets 40 ms of extra work per step on its stream, and every rank reads
     its loss each step: nobody is late to negotiate, but rank 0's collectives wait for
     rank 1's inside NCCL (the GPU timing of docs/observability.md)."""
-    results = run_workers("tests.straggler_workers:train", 2, args=["1", "40", "60", "2", "cuda"],
-                          env=GPU_ENV, timeout=240)
+    size = min(4, torch.cuda.device_count())  # #34 asks for 4 GPUs; 2 where there are 2
+    results = run_workers("tests.straggler_workers:train", size,
+                          args=["1", "40", "60", "2", "cuda"], env=GPU_ENV, timeout=240)
     for r in results:
         assert "named=1 straggler=1" in r.output, r.output[-3000:]
     assert "straggler: rank 1 (host" in results[0].output
 
 
 def test_a_join_tail_names_no_straggler():
-    """Rank 1 joins after 10 steps; rank 0 trains 50 more with its GPU busy 20 ms in each.
-    Rank 1's zeros wait inside NCCL for rank 0's inputs, so its allreduces take longest;
-    that is no straggler (GPU times are not compared while a rank has joined)."""
-    results = run_workers("tests.straggler_workers:join_tail", 2, args=["10", "60", "20"],
+    """Rank 1 joins after 10 steps; the others train 50 more with their GPUs busy 20 ms
+    in each. Rank 1's zeros wait inside NCCL for their inputs, so its allreduces take
+    longest; that is no straggler (GPU times are not compared while a rank has joined)."""
+    size = min(4, torch.cuda.device_count())
+    results = run_workers("tests.straggler_workers:join_tail", size, args=["10", "60", "20"],
                           env=GPU_ENV, timeout=240)
     for r in results:
         assert "named=None straggler=None" in r.output, r.output[-3000:]
