@@ -168,14 +168,13 @@ void StragglerMonitor::ObserveGpuWaits(int rank, uint64_t ops, uint64_t waited_n
   auto& mine = gpu_totals_[rank];
   mine[ops] = waited_ns;
   while (mine.size() > 256) mine.erase(mine.begin());  // a rank far ahead keeps its latest
-  // The largest count past the last sample's that every rank has a total for.
-  uint64_t common = 0;
-  for (auto it = mine.rbegin(); it != mine.rend() && common == 0; ++it) {
-    bool everyone = true;
-    for (int r = 0; r < size_ && everyone; ++r) everyone = gpu_totals_[r].count(it->first) > 0;
-    if (everyone) common = it->first;
+  // A count becomes common to every rank when its last rank sends it, so only this one
+  // can have: a larger common count was taken when it was sent, and this one is then
+  // behind the last sample (refused above).
+  for (int r = 0; r < size_; ++r) {
+    if (gpu_totals_[r].count(ops) == 0) return;
   }
-  if (common == 0) return;
+  const uint64_t common = ops;
   const bool first = gpu_ops_ == 0;
   std::vector<int64_t> took(size_);
   for (int r = 0; r < size_; ++r) {
