@@ -14,13 +14,15 @@
 #                                 24-layer transformer (step time and peak memory)
 #   bench/gpu_tables.sh observe   (#34) ResNet-50 with the straggler measurement off and
 #                                 on, alternating runs (its overhead)
+#   bench/gpu_tables.sh profile   (#38) where a ResNet-50 step's time goes at batch 32 and
+#                                 64, on the host and the GPU: hvd, DDP, no communication
 #
 # NP: the GPU counts (default 2, and 4 with 4 GPUs). Every run's whole output goes to
 # $BENCH_OUT (default $OUT on the lent machine, else /tmp/gpu_tables), so that a call cut
 # short or an output cut to its tail still leaves the tables; stdout gets the table lines.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-what=${1:?"usage: bench/gpu_tables.sh scaling|small|compile|backend|observe"}
+what=${1:?"usage: bench/gpu_tables.sh scaling|small|compile|backend|observe|profile"}
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 out=${BENCH_OUT:-${OUT:-/tmp/gpu_tables}}
 mkdir -p "$out"
@@ -34,7 +36,7 @@ run() {  # run LIMIT ARGS...: one benchmark, its log kept, its table lines shown
   local log="$out/$what.$n.log"
   echo "== [$((SECONDS - T0)) s] $*" | tee "$log"
   timeout -k 5 "$limit" python3 "$@" >>"$log" 2>&1 || echo "(exit $?)" | tee -a "$log"
-  grep -E "^(resnet|transformer|allreduce|  +(img|seq)/s/GPU|  *size|  *[0-9]+ [KMG]B|[a-z0-9-]+ +[0-9.]+ +[0-9.]+ |.*(ratio|efficiency):|#|  *all_reduce|  *[0-9]+[KMG] |DDP|FSDP2|synthetic|stragglers o|on / off)" \
+  grep -E "^(resnet|transformer|allreduce|profile|  +(img|seq)/s/GPU|  *size|  *[0-9]+ [KMG]B|[a-z0-9-]+ +[0-9.]+ +[0-9.]+ |.*(ratio|efficiency):|#|  *all_reduce|  *[0-9]+[KMG] |DDP|FSDP2|synthetic|stragglers o|on / off)" \
     "$log"
 }
 for np in $NP; do
@@ -53,6 +55,10 @@ for np in $NP; do
     backend)
       run 240 bench/torch_distributed.py --np "$np" --device cuda --model resnet50 --rounds 3 \
         --fsdp2-layers 24 --fsdp2-width 1024 --fsdp2-tokens 4096
+      ;;
+    profile)
+      run 150 bench/profile_gpu.py --np "$np" --batch-size 32
+      run 150 bench/profile_gpu.py --np "$np" --batch-size 64
       ;;
     observe)
       run 280 bench/observe_overhead.py --what stragglers --np "$np" --model resnet50 --rounds 3

@@ -115,6 +115,31 @@ def test_scale_bench(tmp_path):
     assert result["fds_after_hvd"] >= result["fds_base"] > 0, result
 
 
+def test_profile_gpu_reads_a_kernel_trace(tmp_path):
+    """bench/profile_gpu.py's reading of a CUDA-only trace (it runs on GPUs only): kernels
+    overlapping on two streams count once, NCCL's apart, the idle gaps between."""
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import profile_gpu
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    def k(name, ts, dur, cat="kernel"):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+    # Two steps over 0-400 us: compute 0-100 and 150-250 (two overlapping kernels) and
+    # 300-400; NCCL 80-120 (20 us of it alone) and 250-260 (alone); a CPU op ignored.
+    events = [k("conv", 0, 100), k("gemm", 150, 60), k("bn", 200, 50, "gpu_memcpy"),
+              k("ncclDevKernel_AllReduce", 80, 40), k("ncclDevKernel_AllReduce", 250, 10),
+              k("relu", 300, 100), k("aten::add", 0, 1000, "cpu_op")]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    got = profile_gpu.summarize(str(path), 2)
+    want = {"gpu compute": 0.15, "gpu nccl": 0.025, "nccl exposed": 0.015,
+            "gpu idle": 0.035, "nccl kernels": 1.0, "kernels": 2.0}
+    assert got == pytest.approx(want), got
+    path.write_text(json.dumps({"traceEvents": [k("aten::add", 0, 5, "cpu_op")]}))
+    assert profile_gpu.summarize(str(path), 2) == {}
+
+
 def test_synthetic_benchmark_use_adasum():
     """--use-adasum trains with op=hvd.Adasum over TCP."""
     proc = _launch(2, "examples/pytorch_synthetic_benchmark.py", "--model", "resnet18",

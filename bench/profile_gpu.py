@@ -1,0 +1,202 @@
+"""Where a training step's time goes on the GPU and on the host, per contender (#38,
+goal 2): hvd.DistributedOptimizer, DDP and no communication, in the same processes.
+
+    python bench/profile_gpu.py --np 2 [--model resnet50] [--batch-size 32] [--steps 8]
+
+Each contender runs a few warm-up steps, then `--steps` timed steps and the same number
+under a CUDA-only torch.profiler (kernels only, so the host pays little for it). Rank 0
+prints, in milliseconds per step:
+
+  host fwd / bwd / opt   host time in the forward call, loss.backward() and opt.step()
+                         (medians)
+  gpu fwd / bwd / opt    time the GPU stream took from the host's mark at one phase's
+                         start to the next (its kernels, and any wait for the host to
+                         launch them; medians)
+  step                   host time per step, mean over the timed steps
+  drain                  how far the GPU was behind the host after the last timed step
+                         (near 0: the host sets the pace)
+  gpu compute            from the profile: time in which a kernel other than NCCL's runs
+  gpu nccl / nccl exposed  time in NCCL kernels / in NCCL kernels with no other running
+  gpu idle               no kernel at all (first kernel to last)
+  kernels, nccl kernels  counts per step
+
+`--trace-dir` keeps each contender's trace (rank 0).
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+from _launch import launch_self
+
+
+def _union(intervals):
+    """Total length of the union of (start, end) intervals."""
+    total, end = 0.0, None
+    for s, e in sorted(intervals):
+        if end is None or s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def _clip(intervals, lo, hi):
+    return [(max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi]
+
+
+def summarize(trace_path, steps):
+    """GPU time per step (milliseconds) from a CUDA-only trace of torch.profiler over
+    `steps` steps: kernels other than NCCL's, NCCL's, NCCL's with nothing else running,
+    and no kernel at all (between the first kernel and the last)."""
+    with open(trace_path) as f:
+        events = json.load(f)["traceEvents"]
+    kernels, nccl = [], []
+    for ev in events:
+        if ev.get("ph") == "X" and ev.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            iv = (ev["ts"], ev["ts"] + ev.get("dur", 0))
+            (nccl if "nccl" in ev.get("name", "").lower() else kernels).append(iv)
+    if not kernels:
+        return {}
+    span = max(e for _, e in kernels + nccl) - min(s for s, _ in kernels + nccl)
+    compute, busy = _union(kernels), _union(kernels + nccl)
+    per = 1000.0 * steps
+    return {"gpu compute": compute / per, "gpu nccl": _union(nccl) / per,
+            "nccl exposed": (busy - compute) / per, "gpu idle": (span - busy) / per,
+            "nccl kernels": len(nccl) / steps, "kernels": len(kernels) / steps}
+
+
+def worker(args):
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.profiler import ProfilerActivity, profile
+
+    import horovod_torch as hvd
+    from train_gpu import _batch, _build, _sgd
+    hvd.init()
+    torch.cuda.set_device(hvd.local_rank())
+    dev = torch.device("cuda", hvd.local_rank())
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{os.environ['BENCH_PORT']}",
+                            rank=hvd.rank(), world_size=hvd.size(), device_id=dev)
+    torch.backends.cudnn.benchmark = True
+    is_lm = args.model == "transformer"
+    data, target = _batch(args.model, args.batch_size, dev)
+
+    def make(lib):
+        torch.manual_seed(0)
+        model = _build(args.model, dev)
+        opt = _sgd(args.model, model)
+        if lib == "hvd":
+            opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            return model, opt
+        if lib == "ddp":
+            return torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index]), opt
+        return model, opt
+
+    def step(net, opt, marks=None):
+        """One step; with marks, the host's time and a CUDA event at each phase's start."""
+        def mark():
+            if marks is not None:
+                ev = torch.cuda.Event(enable_timing=True)
+                ev.record()
+                marks.append((time.perf_counter(), ev))
+        mark()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=is_lm):
+            out = net(data)
+            if is_lm:
+                out = out.reshape(-1, out.shape[-1])
+            loss = F.cross_entropy(out, target.reshape(-1) if is_lm else target)
+        mark()
+        loss.backward()
+        mark()
+        opt.step()
+
+    phases = ("fwd", "bwd", "opt")
+    tmp = args.trace_dir or tempfile.mkdtemp(prefix="hvd-prof-")
+    os.makedirs(tmp, exist_ok=True)
+    results = {}
+    for lib in args.libs.split(","):
+        net, opt = make(lib)
+        for _ in range(args.warmup):
+            step(net, opt)
+        torch.cuda.synchronize()
+        dist.barrier()
+        # Unprofiled steps, timed: each phase on the host and on the GPU (the time
+        # the stream took from one phase's mark to the next: its kernels and any wait
+        # for the host to launch them).
+        marks = []
+        for _ in range(args.steps):
+            step(net, opt, marks)
+        end = time.perf_counter()
+        t_sync = time.perf_counter()
+        torch.cuda.synchronize()
+        drain = time.perf_counter() - t_sync
+        marks.append((end, None))
+        row = {}
+        for i, name in enumerate(phases):
+            host = [marks[j + 1][0] - marks[j][0] for j in range(i, len(marks) - 1, 3)]
+            row[f"host {name}"] = statistics.median(host) * 1e3
+        for i, name in enumerate(phases):
+            gpu = [marks[j][1].elapsed_time(marks[j + 1][1])
+                   for j in range(i, len(marks) - 2, 3) if marks[j + 1][1] is not None]
+            row[f"gpu {name}"] = statistics.median(gpu)
+        row["step"] = (end - marks[0][0]) / args.steps * 1e3
+        row["drain"] = drain * 1e3
+        # The same steps under a CUDA-only profile (no CPU op events: little host cost).
+        dist.barrier()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(args.steps):
+                step(net, opt)
+            torch.cuda.synchronize()
+        if hvd.rank() == 0:
+            path = os.path.join(tmp, f"{lib}.rank0.json")
+            prof.export_chrome_trace(path)
+            row.update(summarize(path, args.steps))
+            if not args.trace_dir:
+                os.remove(path)
+        results[lib] = row
+        del net, opt
+        torch.cuda.synchronize()
+        dist.barrier()
+    if hvd.rank() == 0:
+        print(f"\nprofile: {args.model} batch {args.batch_size}/GPU on {hvd.size()} x "
+              f"{torch.cuda.get_device_name(dev)} (torch {torch.__version__}), rank 0, "
+              f"{args.steps} steps timed and {args.steps} profiled, ms per step")
+        keys = list(next(iter(results.values())).keys())
+        print(f"{'':13}" + "".join(f"{lib:>10}" for lib in results))
+        for k in keys:
+            fmt = "{:10.0f}" if "kernels" in k else "{:10.2f}"
+            print(f"{k:13}" + "".join(fmt.format(results[lib].get(k, 0.0)) for lib in results))
+        sys.stdout.flush()
+    dist.destroy_process_group()
+    hvd.shutdown()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="resnet50")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--np", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=8)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--libs", default="hvd,ddp,none")
+    p.add_argument("--trace-dir", default="")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    argv = [a for a in sys.argv[1:]]
+    sys.exit(launch_self(__file__, args.np, argv))
+
+
+if __name__ == "__main__":
+    main()
