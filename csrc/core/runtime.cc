@@ -102,8 +102,9 @@ Status Runtime::Create(const WorldInfo& world, const Config& config,
                                              world.secret, TcpOptionsOf(config), &tcp));
     rt->comm_ = std::move(tcp);
   }
-  rt->gpu_ = CreateGpuBackend(rt->comm_.get(), world.rank, world.size, config.gpu_op_timeout_s,
-                              /*time_collectives=*/config.straggler_check != 0);
+  rt->gpu_ = CreateGpuBackend(
+      rt->comm_.get(), world.rank, world.size, config.gpu_op_timeout_s,
+      /*time_collectives=*/config.straggler_check != 0 && config.straggler_gpu_timing != 0);
   TunedParams initial{config.fusion_threshold_bytes, config.wake_delay_us,
                       config.cache_capacity > 0};
   rt->controller_ = rt->NewController(rt->comm_.get(), initial);
