@@ -31,6 +31,7 @@
 #   PEER_RESULTS      the peer's junit files (default .carry/peer-results: kept between runs,
 #                     so upstream's suite runs once per machine type)
 #   WHEELS            a folder of wheels to install first (default .carry/whl: mock)
+# tools/carry_setup.sh fills .carry/ (upstream's tests, the wheels, the peer's files).
 # Everything lands in GPU_CHECK_OUT (default /tmp/gpu_check), and, on the lent machine, in
 # $OUT/<that folder's name>.tgz, refreshed every 20 s so that a run cut off still returns its logs.
 set -uo pipefail
