@@ -78,13 +78,8 @@ def worker(args):
     from torch.profiler import ProfilerActivity, profile
 
     import horovod_torch as hvd
-    from train_gpu import _batch, _build, _sgd
-    hvd.init()
-    torch.cuda.set_device(hvd.local_rank())
-    dev = torch.device("cuda", hvd.local_rank())
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{os.environ['BENCH_PORT']}",
-                            rank=hvd.rank(), world_size=hvd.size(), device_id=dev)
-    torch.backends.cudnn.benchmark = True
+    from train_gpu import _batch, _build, _init, _sgd
+    dev = _init()
     is_lm = args.model == "transformer"
     data, target = _batch(args.model, args.batch_size, dev)
 

@@ -30,6 +30,22 @@ from _launch import launch_self
 
 
 
+def _init():
+    """hvd, and torch.distributed on NCCL (the peer's rendezvous at BENCH_PORT), in this
+    worker: one GPU per local rank, cuDNN autotuning on. Returns the rank's device."""
+    import torch
+    import torch.distributed as dist
+
+    import horovod_torch as hvd
+    hvd.init()
+    torch.cuda.set_device(hvd.local_rank())
+    dev = torch.device("cuda", hvd.local_rank())
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{os.environ['BENCH_PORT']}",
+                            rank=hvd.rank(), world_size=hvd.size(), device_id=dev)
+    torch.backends.cudnn.benchmark = True
+    return dev
+
+
 def _build(name, dev, layers=24):
     import torch.nn as nn
     if name == "transformer":
@@ -84,12 +100,7 @@ def worker(args) -> None:
     import torch.distributed as dist
 
     import horovod_torch as hvd
-    hvd.init()
-    torch.cuda.set_device(hvd.local_rank())
-    dev = torch.device("cuda", hvd.local_rank())
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{os.environ['BENCH_PORT']}",
-                            rank=hvd.rank(), world_size=hvd.size(), device_id=dev)
-    torch.backends.cudnn.benchmark = True
+    dev = _init()
     is_lm = args.model == "transformer"
     data, target = _batch(args.model, args.batch_size, dev)
 
