@@ -36,7 +36,7 @@ run() {  # run LIMIT ARGS...: one benchmark, its log kept, its table lines shown
   local log="$out/$what.$n.log"
   echo "== [$((SECONDS - T0)) s] $*" | tee "$log"
   timeout -k 5 "$limit" python3 "$@" >>"$log" 2>&1 || echo "(exit $?)" | tee -a "$log"
-  grep -E "^(resnet|transformer|allreduce|profile|  +(img|seq)/s/GPU|  *size|  *[0-9]+ [KMG]B|[a-z0-9-]+ +[0-9.]+ +[0-9.]+ |.*(ratio|efficiency):|#|  *all_reduce|  *[0-9]+[KMG] |DDP|FSDP2|synthetic|stragglers o|on / off)" \
+  grep -E "^(resnet|transformer|allreduce|profile|(host|gpu|nccl|profiled) [a-z]+ +[0-9.]+| {13,}[a-z][a-z0-9 -]*$|  +(img|seq)/s/GPU|  *size|  *[0-9]+ [KMG]B|[a-z0-9-]+ +[0-9.]+ +[0-9.]+ |.*(ratio|efficiency):|#|  *all_reduce|  *[0-9]+[KMG] |DDP|FSDP2|synthetic|stragglers o|on / off)" \
     "$log"
 }
 for np in $NP; do

@@ -1,11 +1,10 @@
 """Where a training step's time goes on the GPU and on the host, per contender (#38,
 goal 2): hvd.DistributedOptimizer, DDP and no communication, in the same processes.
 
-    python bench/profile_gpu.py --np 2 [--model resnet50] [--batch-size 32] [--steps 8]
+    python bench/profile_gpu.py --np 2 [--model resnet50] [--batch-size 32] [--steps 20]
 
 Each contender runs a few warm-up steps, then `--steps` timed steps and the same number
-under a CUDA-only torch.profiler (kernels only, so the host pays little for it). Rank 0
-prints, in milliseconds per step:
+under a CUDA-only torch.profiler (kernels only). Rank 0 prints, in milliseconds per step:
 
   host fwd / bwd / opt   host time in the forward call, loss.backward() and opt.step()
                          (medians)
@@ -15,6 +14,9 @@ prints, in milliseconds per step:
   step                   host time per step, mean over the timed steps
   drain                  how far the GPU was behind the host after the last timed step
                          (near 0: the host sets the pace)
+  profiled step          host time per step under the profile, which costs the host
+                         per launch: the rows below come from these slower steps, so
+                         compare them across contenders, not with `step`
   gpu compute            from the profile: time in which a kernel other than NCCL's runs
   gpu nccl / nccl exposed  time in NCCL kernels / in NCCL kernels with no other running
   gpu idle               no kernel at all (first kernel to last)
@@ -26,6 +28,7 @@ import argparse
 import json
 import os
 import statistics
+import shutil
 import sys
 import tempfile
 import time
@@ -44,10 +47,6 @@ def _union(intervals):
             total += e - end
             end = e
     return total
-
-
-def _clip(intervals, lo, hi):
-    return [(max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi]
 
 
 def summarize(trace_path, steps):
@@ -95,28 +94,30 @@ def worker(args):
             return torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index]), opt
         return model, opt
 
+    def mark(marks):
+        """The host's time and a CUDA event on the current stream, now."""
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        marks.append((time.perf_counter(), ev))
+
     def step(net, opt, marks=None):
-        """One step; with marks, the host's time and a CUDA event at each phase's start."""
-        def mark():
-            if marks is not None:
-                ev = torch.cuda.Event(enable_timing=True)
-                ev.record()
-                marks.append((time.perf_counter(), ev))
-        mark()
+        """One step; with marks, a mark at each phase's start."""
+        if marks is not None:
+            mark(marks)
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=is_lm):
             out = net(data)
             if is_lm:
                 out = out.reshape(-1, out.shape[-1])
             loss = F.cross_entropy(out, target.reshape(-1) if is_lm else target)
-        mark()
+        if marks is not None:
+            mark(marks)
         loss.backward()
-        mark()
+        if marks is not None:
+            mark(marks)
         opt.step()
 
     phases = ("fwd", "bwd", "opt")
-    tmp = args.trace_dir or tempfile.mkdtemp(prefix="hvd-prof-")
-    os.makedirs(tmp, exist_ok=True)
     results = {}
     for lib in args.libs.split(","):
         net, opt = make(lib)
@@ -126,37 +127,38 @@ def worker(args):
         dist.barrier()
         # Unprofiled steps, timed: each phase on the host and on the GPU (the time
         # the stream took from one phase's mark to the next: its kernels and any wait
-        # for the host to launch them).
+        # for the host to launch them). A last mark closes the last step's opt phase.
         marks = []
         for _ in range(args.steps):
             step(net, opt, marks)
-        end = time.perf_counter()
+        mark(marks)
         t_sync = time.perf_counter()
         torch.cuda.synchronize()
         drain = time.perf_counter() - t_sync
-        marks.append((end, None))
         row = {}
         for i, name in enumerate(phases):
-            host = [marks[j + 1][0] - marks[j][0] for j in range(i, len(marks) - 1, 3)]
-            row[f"host {name}"] = statistics.median(host) * 1e3
-        for i, name in enumerate(phases):
-            gpu = [marks[j][1].elapsed_time(marks[j + 1][1])
-                   for j in range(i, len(marks) - 2, 3) if marks[j + 1][1] is not None]
-            row[f"gpu {name}"] = statistics.median(gpu)
-        row["step"] = (end - marks[0][0]) / args.steps * 1e3
+            pairs = [(marks[j], marks[j + 1]) for j in range(i, len(marks) - 1, 3)]
+            row[f"host {name}"] = statistics.median(b[0] - a[0] for a, b in pairs) * 1e3
+            row[f"gpu {name}"] = statistics.median(a[1].elapsed_time(b[1]) for a, b in pairs)
+        row["step"] = (marks[-1][0] - marks[0][0]) / args.steps * 1e3
         row["drain"] = drain * 1e3
-        # The same steps under a CUDA-only profile (no CPU op events: little host cost).
+        # The same number of steps under a CUDA-only profile (no CPU op events, so the
+        # host pays less than with them, but still a cost per launch: `profiled step`).
         dist.barrier()
+        t0 = time.perf_counter()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(args.steps):
                 step(net, opt)
             torch.cuda.synchronize()
+        row["profiled step"] = (time.perf_counter() - t0) / args.steps * 1e3
         if hvd.rank() == 0:
+            tmp = args.trace_dir or tempfile.mkdtemp(prefix="hvd-prof-")
+            os.makedirs(tmp, exist_ok=True)
             path = os.path.join(tmp, f"{lib}.rank0.json")
             prof.export_chrome_trace(path)
             row.update(summarize(path, args.steps))
             if not args.trace_dir:
-                os.remove(path)
+                shutil.rmtree(tmp)
         results[lib] = row
         del net, opt
         torch.cuda.synchronize()
@@ -165,7 +167,7 @@ def worker(args):
         print(f"\nprofile: {args.model} batch {args.batch_size}/GPU on {hvd.size()} x "
               f"{torch.cuda.get_device_name(dev)} (torch {torch.__version__}), rank 0, "
               f"{args.steps} steps timed and {args.steps} profiled, ms per step")
-        keys = list(next(iter(results.values())).keys())
+        keys = list(dict.fromkeys(k for row in results.values() for k in row))
         print(f"{'':13}" + "".join(f"{lib:>10}" for lib in results))
         for k in keys:
             fmt = "{:10.0f}" if "kernels" in k else "{:10.2f}"

@@ -6,16 +6,22 @@
 #
 #   HOROVOD_MIRROR=/path/to/horovod.git tools/carry_setup.sh [upstream] [whl] [peer]
 #
-#   upstream  .carry/upstream/test: upstream's test/ at the mirror's HEAD (HOROVOD_MIRROR:
-#             a bare git mirror or a work tree of github.com/horovod/horovod)
+#   upstream  .carry/upstream/test: upstream's test/ (HOROVOD_MIRROR: a bare git mirror of
+#             github.com/horovod/horovod, whose HEAD's test/ is taken, or a work tree,
+#             whose test/ is copied as it is)
 #   whl       .carry/whl: mock, cloudpickle, pytest (with its dependencies), packaging,
 #             pytest-timeout, psutil, as wheels for PY_VERSION (default 3.12) on x86_64
 #   peer      .carry/peer: PEER_SCRIPT (default ../shared/peer/horovod_gpu_build.sh) and
 #             the files its header lists (the horovod 0.28.1 sdist, the build wheels)
-# Default: all three. CARRY (default .carry) is the folder.
+# Default: all three, each replacing its folder. CARRY (default .carry) is the folder.
 set -euo pipefail
+abs() { [ -z "$1" ] || (cd "$(dirname "$1")" && echo "$(pwd)/$(basename "$1")"); }
+# Paths given relative to where the script was called, then the repository root.
+HOROVOD_MIRROR=$(abs "${HOROVOD_MIRROR:-}")
+PEER_SCRIPT=$(abs "${PEER_SCRIPT:-}")
+CARRY=$(abs "${CARRY:-}")
 cd "$(dirname "$0")/.."
-CARRY=${CARRY:-.carry}
+CARRY=${CARRY:-$PWD/.carry}
 PY_VERSION=${PY_VERSION:-3.12}
 PLATFORMS=(--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64
            --platform manylinux_2_28_x86_64)
@@ -38,12 +44,12 @@ for step in "${steps[@]}"; do
       fi
       ;;
     whl)
-      mkdir -p "$CARRY/whl"
+      rm -rf "$CARRY/whl" && mkdir -p "$CARRY/whl"
       wheels "$CARRY/whl" mock cloudpickle pytest packaging pytest-timeout psutil
       ;;
     peer)
       script=${PEER_SCRIPT:-../shared/peer/horovod_gpu_build.sh}
-      mkdir -p "$CARRY/peer"
+      rm -rf "$CARRY/peer" && mkdir -p "$CARRY/peer"
       cp "$script" "$CARRY/peer/"
       python3 -m pip download -q -d "$CARRY/peer" --no-deps --no-binary=:all: horovod==0.28.1
       wheels "$CARRY/peer" --no-deps cmake==4.4.5 ninja setuptools wheel packaging psutil \
