@@ -73,26 +73,13 @@ def summarize(trace_path, steps):
 def worker(args):
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch.profiler import ProfilerActivity, profile
 
     import horovod_torch as hvd
-    from train_gpu import _batch, _build, _init, _sgd
+    from train_gpu import _batch, _contender, _init, _step
     dev = _init()
     is_lm = args.model == "transformer"
     data, target = _batch(args.model, args.batch_size, dev)
-
-    def make(lib):
-        torch.manual_seed(0)
-        model = _build(args.model, dev)
-        opt = _sgd(args.model, model)
-        if lib == "hvd":
-            opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
-            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-            return model, opt
-        if lib == "ddp":
-            return torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index]), opt
-        return model, opt
 
     def mark(marks):
         """The host's time and a CUDA event on the current stream, now."""
@@ -102,25 +89,13 @@ def worker(args):
 
     def step(net, opt, marks=None):
         """One step; with marks, a mark at each phase's start."""
-        if marks is not None:
-            mark(marks)
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=is_lm):
-            out = net(data)
-            if is_lm:
-                out = out.reshape(-1, out.shape[-1])
-            loss = F.cross_entropy(out, target.reshape(-1) if is_lm else target)
-        if marks is not None:
-            mark(marks)
-        loss.backward()
-        if marks is not None:
-            mark(marks)
-        opt.step()
+        _step(net, opt, data, target, is_lm,
+              mark=None if marks is None else lambda: mark(marks))
 
     phases = ("fwd", "bwd", "opt")
     results = {}
     for lib in args.libs.split(","):
-        net, opt = make(lib)
+        net, opt = _contender(lib, args.model, dev)
         for _ in range(args.warmup):
             step(net, opt)
         torch.cuda.synchronize()

@@ -79,10 +79,13 @@ def _batch(name, batch_size, dev):
             torch.randint(0, 1000, (batch_size,), device=dev))
 
 
-def _step(net, opt, data, target, is_lm):
-    """One training step (the transformer under bf16 autocast); returns its loss."""
+def _step(net, opt, data, target, is_lm, mark=None):
+    """One training step (the transformer under bf16 autocast); returns its loss. With
+    `mark`, calls it at each phase's start: forward, backward, opt.step()."""
     import torch
     import torch.nn.functional as F
+    if mark is not None:
+        mark()
     opt.zero_grad(set_to_none=True)
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=is_lm):
         out = net(data)
@@ -90,9 +93,43 @@ def _step(net, opt, data, target, is_lm):
             loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1))
         else:
             loss = F.cross_entropy(out, target)
+    if mark is not None:
+        mark()
     loss.backward()
+    if mark is not None:
+        mark()
     opt.step()
     return loss.detach()
+
+
+def _contender(lib, name, dev, compile=False):
+    """Model `name` and its SGD, the same initial weights for every contender, set up
+    for `lib`: none (no communication), hvd, hvd-fp16, hvd-py (hooks in Python), ddp,
+    ddp-fp16. Returns (the module to call, the optimizer)."""
+    import torch
+
+    import horovod_torch as hvd
+    torch.manual_seed(0)
+    model = _build(name, dev)
+    if compile and lib != "ddp" and not lib.startswith("ddp-"):
+        model = torch.compile(model)
+    opt = _sgd(name, model)
+    if lib == "none":
+        return model, opt
+    if lib.startswith("hvd"):
+        comp = hvd.Compression.fp16 if lib == "hvd-fp16" else hvd.Compression.none
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                       compression=comp)
+        if lib == "hvd-py" and opt._native is not None:
+            opt._native = None  # detaches the C++ hooks
+            opt._register_hooks(native=False)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        return model, opt
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index])
+    if lib == "ddp-fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    return (torch.compile(ddp) if compile else ddp), opt
 
 
 def worker(args) -> None:
@@ -103,29 +140,6 @@ def worker(args) -> None:
     dev = _init()
     is_lm = args.model == "transformer"
     data, target = _batch(args.model, args.batch_size, dev)
-
-    def make(lib):
-        torch.manual_seed(0)
-        model = _build(args.model, dev)
-        if args.compile and lib != "ddp" and not lib.startswith("ddp-"):
-            model = torch.compile(model)
-        opt = _sgd(args.model, model)
-        if lib == "none":
-            return model, opt
-        if lib.startswith("hvd"):
-            comp = hvd.Compression.fp16 if lib == "hvd-fp16" else hvd.Compression.none
-            opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                           compression=comp)
-            if lib == "hvd-py" and opt._native is not None:
-                opt._native = None  # detaches the C++ hooks
-                opt._register_hooks(native=False)
-            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-            return model, opt
-        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index])
-        if lib == "ddp-fp16":
-            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-        return (torch.compile(ddp) if args.compile else ddp), opt
 
     last_loss = {}
 
@@ -138,7 +152,7 @@ def worker(args) -> None:
     libs = ["hvd", "ddp"] + (["hvd-fp16", "ddp-fp16"] if args.fp16_allreduce else [])
     libs += ["hvd-py"] if args.python_hooks else []
     libs += ["none"] if args.no_comm else []
-    setups = {lib: make(lib) for lib in libs}
+    setups = {lib: _contender(lib, args.model, dev, args.compile) for lib in libs}
     for lib in libs:
         for _ in range(args.warmup):
             step(*setups[lib])
