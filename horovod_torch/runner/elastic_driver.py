@@ -358,8 +358,11 @@ class ElasticDriver(WorkerRemoval):
         finished without reaching the latest generation's rendezvous: it ended the
         training in an older generation (a host was added just as training ended),
         so the latest one can never form and its new workers would wait forever.
-        (In generation 0 there is no older one: the worker did not use horovod, and
-        the others finish on their own, as under horovod.runner.run.)"""
+        Before any generation formed, the workers did not use horovod (as under
+        horovod.runner.run): it is over once every worker is done, or waits in
+        hvd.init() for a generation that cannot form now that one has finished."""
+        if self._gen < 0:
+            return all(w.ready for w in self._live())
         if not [w for w in self._live() if w.rank >= 0]:
             return True
         if len(self._members) < 2 or self._gen < 1:
