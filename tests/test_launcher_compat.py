@@ -431,8 +431,8 @@ def test_config_file_without_pyyaml(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     path = tmp_path / "c.yaml"
     path.write_text("params:\n  cache_capacity: 1\n")
     monkeypatch.setitem(sys.modules, "yaml", None)  # import yaml raises ImportError
-    with pytest.raises(ValueError, match=r"--config-file .* needs the pyyaml package, which is not installed: "
-                       r"pip install 'horovod_torch\[config\]'"):
+    with pytest.raises(ValueError, match=r"--config-file .* needs the pyyaml package, which "
+                       r"is not installed: pip install 'horovod_torch\[config\]'"):
         launch.parse_args(["-np", "1", "--config-file", str(path), "true"], raise_errors=True)
 
 
@@ -590,6 +590,34 @@ def test_horovod_run(tmp_path: Path) -> None:
     assert "the function raised in rank 1" in cause and "in fail_in_rank_1" in cause, cause
     assert "TrainingError: rank 1 gave up" in cause, cause
     assert "-np/--num-proc must be >= 1" in lines["INVALID"]
+
+
+class SavedError(Exception):
+    """What a worker raised, in the test below."""
+
+
+def test_run_raises_the_error_written_under_a_later_number() -> None:
+    """A rank takes its error's number, then writes the error. If it is stopped in
+    between (another rank's error stopped the job), run() raises the error that was
+    written, not a bare RuntimeError (before, it read only the first number)."""
+    import pickle
+
+    from horovod_torch import _C
+    from horovod_torch.runner import func
+
+    job = launch.parse_args(["-np", "2", "true"], raise_errors=True)
+    server = _C.StoreServer("127.0.0.1", 0, "secret")
+    try:
+        assert server.add(func.KEY_ERRORS, 1) == 1  # rank 1's number; it was stopped
+        assert server.add(func.KEY_ERRORS, 1) == 2  # rank 0's, and its error
+        server.set(func.KEY_ERROR.format(seq=2), pickle.dumps({
+            "rank": 0, "traceback": "Traceback: ...", "summary": "SavedError: lost",
+            "exception": pickle.dumps(SavedError("lost"))}))
+        with pytest.raises(SavedError, match="lost") as raised:
+            func._results(server, job, 1)  # pylint: disable=protected-access
+        assert "the function raised in rank 0" in str(raised.value.__cause__)
+    finally:
+        server.stop()
 
 
 def test_python_m_horovod_runner_launch() -> None:

@@ -168,10 +168,11 @@ def _results(server: Any, job: Any, code: int) -> List[Any]:
     """The workers' values in rank order, or the first worker error raised here. An
     elastic job that finished despite a failed worker (it went on without it)
     returns its values, like Horovod's."""
-    first_error = server.get(KEY_ERROR.format(seq=1))
+    reported = errors(server)
+    first_error = pick_error(reported) if reported else None
     elastic = launch.is_elastic(job)
     if first_error is not None and (code != 0 or not elastic):
-        _raise_worker_error(pickle.loads(first_error))
+        _raise_worker_error(first_error)
     if code != 0:
         raise RuntimeError(
             "Horovod detected that one or more processes exited with non-zero status, "
@@ -188,11 +189,39 @@ def _results(server: Any, job: Any, code: int) -> List[Any]:
             if elastic and rank >= job.min_np:
                 break
             if first_error is not None:
-                _raise_worker_error(pickle.loads(first_error))
+                _raise_worker_error(first_error)
             raise RuntimeError(f"horovod.runner.run: rank {rank} ended without returning "
                                "a value (did the function exit the process?)")
         results.append(pickle.loads(raw))
     return results
+
+
+def errors(server: Any) -> List[dict]:
+    """The ranks' errors (the function raised, or the process crashed), in the order
+    they were reported. A rank takes its number before it writes its error, so the
+    first number may still be empty when a later one is written and the job stopped."""
+    raw = server.get(KEY_ERRORS)
+    found = []
+    for seq in range(1, int(raw.decode()) + 1 if raw else 1):
+        entry = server.get(KEY_ERROR.format(seq=seq))
+        if entry:
+            found.append(pickle.loads(entry))
+    return found
+
+
+def is_internal(error: dict) -> bool:
+    """The error is a lost connection (a peer's failure), not the rank's own."""
+    return error.get("summary", "").startswith("HorovodInternalError")
+
+
+def pick_error(reported: List[dict]) -> dict:
+    """The root cause: when one rank fails, its peers fail soon after with
+    HorovodInternalError (a lost connection), sometimes before the failed rank's
+    own report arrives. The first error of another kind wins; else the first."""
+    for error in reported:
+        if not is_internal(error):
+            return error
+    return reported[0]
 
 
 def _raise_worker_error(error: dict, api: str = "horovod.runner.run") -> None:

@@ -157,32 +157,6 @@ INTERNAL_GRACE_S = 5.0
 """How much longer it waits while every error is a lost connection."""
 
 
-def _errors(server) -> List[dict]:
-    """The ranks' errors (the function raised, or the process crashed), in the order
-    they were reported."""
-    raw = server.get(run_func.KEY_ERRORS)
-    found = []
-    for seq in range(1, int(raw.decode()) + 1 if raw else 1):
-        entry = server.get(run_func.KEY_ERROR.format(seq=seq))
-        if entry:
-            found.append(pickle.loads(entry))
-    return found
-
-
-def _pick_error(errors: List[dict]) -> dict:
-    """The root cause: when one rank fails, its peers fail soon after with
-    HorovodInternalError (a lost connection), sometimes before the failed rank's
-    own report arrives. The first error of another kind wins; else the first."""
-    for error in errors:
-        if not error.get("summary", "").startswith("HorovodInternalError"):
-            return error
-    return errors[0]
-
-
-def _is_internal(error: dict) -> bool:
-    return error.get("summary", "").startswith("HorovodInternalError")
-
-
 def _raise_first_failure(server, thread, output: "_Output", outcome: Dict[str, Any]) -> None:
     """A rank reported an error: wait briefly for the root cause (another rank's own
     error, or the Spark job's failure when a task died), then raise it."""
@@ -194,13 +168,13 @@ def _raise_first_failure(server, thread, output: "_Output", outcome: Dict[str, A
     # or its Spark task died (then the Spark job fails).
     deadline = time.monotonic() + INTERNAL_GRACE_S
     while (thread.is_alive() and time.monotonic() < deadline
-           and all(_is_internal(e) for e in _errors(server))):
+           and all(run_func.is_internal(e) for e in run_func.errors(server))):
         output.pump()
         thread.join(POLL_S)
     output.pump()
-    errors = _errors(server)
-    chosen = _pick_error(errors)
-    if _is_internal(chosen) and "error" in outcome:
+    errors = run_func.errors(server)
+    chosen = run_func.pick_error(errors)
+    if run_func.is_internal(chosen) and "error" in outcome:
         _raise_spark_failure(outcome["error"])
     _raise_rank_error(chosen)
 
@@ -373,10 +347,10 @@ def _abort(sc, server, group: str, thread, output: _Output, num_proc: int) -> No
 
 
 def _results(server, outcome: Dict[str, Any], num_proc: int) -> List[Any]:
-    errors = _errors(server)
+    errors = run_func.errors(server)
     if errors:
-        chosen = _pick_error(errors)
-        if _is_internal(chosen) and "error" in outcome:
+        chosen = run_func.pick_error(errors)
+        if run_func.is_internal(chosen) and "error" in outcome:
             _raise_spark_failure(outcome["error"])
         _raise_rank_error(chosen)
     if "error" in outcome:
