@@ -11,7 +11,12 @@ tests.workers.edit_hosts_and_wait), LATE_INIT_S (a worker started after the
 kill waits that long before hvd.init(), as a slow start would), DIE_IN_INIT (the first
 worker started after the kill dies inside hvd.init()), SLOW_HOST/SLOW_S (the workers
 on that host, by its horovodrun name, sleep that long in every step: a straggler),
-STEP_LOG (rank 0 prints `STEP step=N size=S at=T` every 10 steps, for bench/straggler_evict.py)."""
+STEP_LOG (rank 0 prints `STEP step=N size=S at=T` every 10 steps, for bench/straggler_evict.py),
+FAIL_AFTER_RANK (that rank exits with status 4 a second after the training, as a
+failed save would), AFTER_TEXT (after the training rank 0 rewrites the discovery file
+with it; the worker the driver then starts says so in MARKER.late and waits in
+hvd.init() for a generation that never forms, while the training's workers go on for
+4 s (rank 0) or 8 s, as a save would, and then print `SAVED rank=R`)."""
 import os
 import signal
 import time
@@ -22,6 +27,8 @@ import torch.nn as nn
 import horovod.torch as hvd
 from tests.workers import edit_hosts_and_wait, report_recovery_once
 
+if os.environ.get("AFTER_TEXT") and os.path.exists(os.environ["EDIT_FILE"] + ".after"):
+    open(os.environ["MARKER"] + ".late", "w").close()
 if (os.environ.get("DIE_IN_INIT") and os.path.exists(os.environ.get("MARKER", ""))
         and not os.path.exists(os.environ["MARKER"] + ".init")):
     # The first replacement dies inside hvd.init(), after the driver assigned it a
@@ -125,3 +132,16 @@ if BIG:  # STEPS steps of momentum SGD with gradient 1, none lost or torn by a f
 print(f"FINAL rank={hvd.rank()} size={hvd.size()} step={state.step} same={same} "
       f"resets={resets} device={DEVICE_INDEX} local_rank={hvd.local_rank()} at={time.time():.3f}",
       flush=True)
+if hvd.rank() == int(os.environ.get("FAIL_AFTER_RANK", "-1")):
+    time.sleep(1)
+    os._exit(4)
+if os.environ.get("AFTER_TEXT"):
+    if hvd.rank() == 0:
+        open(os.environ["EDIT_FILE"] + ".after", "w").close()
+        with open(os.environ["EDIT_FILE"], "w") as f:
+            f.write(os.environ["AFTER_TEXT"].replace(";", "\n") + "\n")
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.environ["MARKER"] + ".late") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(4 if hvd.rank() == 0 else 8)
+    print(f"SAVED rank={hvd.rank()}", flush=True)

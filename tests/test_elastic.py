@@ -188,6 +188,29 @@ def test_host_removed_job_continues_without_sync(tmp_path):
     assert "not part of generation" in out, out
 
 
+def test_a_worker_failing_after_the_training_fails_the_job(tmp_path):
+    """Once a worker has finished, nothing re-forms: a worker that fails then (its
+    save failed) fails the job with its status (before, the job exited 0)."""
+    rc, out = _run(tmp_path, "localhost:2", {"FAIL_AFTER_RANK": "1", "STEPS": "10"},
+                   ["-np", "2", "--min-np", "1", "--max-np", "2"], timeout=120)
+    assert rc == 4, out
+    assert "exited with code 4 after worker" in out and "Exit code: 4" in out, out
+
+
+def test_workers_finishing_the_training_are_not_cut_short_by_a_new_host(tmp_path):
+    """A host added after the last commit forms a generation the training's workers
+    never join. Once one of them finishes, the new worker waiting for that generation
+    is stopped, but the others finish first (before, they were killed with it, say
+    in the middle of saving the model)."""
+    rc, out = _run(tmp_path, "localhost:2", {"AFTER_TEXT": "localhost:2;127.0.0.2:1",
+                                             "STEPS": "10"},
+                   ["-np", "2", "--min-np", "1", "--max-np", "3"], timeout=180)
+    assert rc == 0, out
+    assert "generation 1: 3 workers" in out, out
+    assert "finished the training before generation 1 formed" in out, out
+    assert "SAVED rank=0" in out and "SAVED rank=1" in out, out
+
+
 def test_reset_limit_stops_a_job_that_keeps_failing(tmp_path):
     # Enough steps that the replacement worker joins before rank 0 could finish alone.
     rc, out = _run(tmp_path, "localhost:2", {"KILL_RANK": "1", "KILL_STEP": "3",

@@ -52,6 +52,7 @@ class _Worker:
     reader: threading.Thread
     started_at: float = 0.0
     rank: int = -1  # in the latest generation that has it
+    joined: int = -1  # the first generation that has it
     seq: int = 0  # order of starting
     slot: Optional[hosts.SlotInfo] = None  # the place it was started for
     removed_at: Optional[float] = None
@@ -213,6 +214,8 @@ class ElasticDriver(WorkerRemoval):
             per_host.setdefault(w.host, []).append(w)
         for w, s in zip(live, hosts.assign([w.host for w in live], [self._home(w) for w in live])):
             w.rank = s.rank
+            if w.joined < 0:
+                w.joined = self._gen
             value = (f"{s.rank},{s.size},{s.local_rank},{s.local_size},{s.cross_rank},"
                      f"{s.cross_size}")
             self._store.set(elastic_keys.assign_key(self._gen, w.worker_id), value.encode())
@@ -284,6 +287,16 @@ class ElasticDriver(WorkerRemoval):
                 code = driver.exit_code(rc)
                 self._say(WORKER_EXIT_MESSAGE.format(rank=w.slot.rank if w.slot else w.rank,
                                                      code=code))
+                done = [d for d in self._workers.values() if d.done]
+                if done and (self._gen < 0 or w.worker_id in self._members):
+                    # The training is over (nothing re-forms after a worker finished):
+                    # a worker that fails now, e.g. saving the model, fails the job.
+                    output.log(f"worker {w.worker_id} (rank {w.rank}) exited with code "
+                               f"{code} after worker {done[0].worker_id} finished; the "
+                               "job fails")
+                    local = w.slot.local_rank if w.slot else 0
+                    output.log(JOB_FAILED_MESSAGE.format(name=f"{w.host}[{local}]", code=code))
+                    return code
                 fatal = self._store.get(elastic_keys.FATAL_KEY)
                 if fatal is not None:  # e.g. the committed state was lost: no retry helps
                     output.log(f"worker {w.worker_id} (rank {w.rank}) exited with code "
@@ -357,23 +370,34 @@ class ElasticDriver(WorkerRemoval):
         """Training is over once every assigned worker is done, or once a worker
         finished without reaching the latest generation's rendezvous: it ended the
         training in an older generation (a host was added just as training ended),
-        so the latest one can never form and its new workers would wait forever.
-        Before any generation formed, the workers did not use horovod (as under
-        horovod.runner.run): it is over once every worker is done, or waits in
-        hvd.init() for a generation that cannot form now that one has finished."""
+        so the latest one can never form and its new workers would wait forever;
+        they are stopped once the other workers of the older generations have finished
+        too (or wait at the latest one's rendezvous): those may still be storing a
+        result or saving the model. Before any generation formed, the workers did not
+        use horovod (as under horovod.runner.run): it is over once every worker is
+        done, or waits in hvd.init() for a generation that cannot form now that one
+        has finished."""
         if self._gen < 0:
             return all(w.ready for w in self._live())
         if not [w for w in self._live() if w.rank >= 0]:
             return True
         if len(self._members) < 2 or self._gen < 1:
             return False  # generation 0: a worker that never called hvd.init() is done
-        for w in finished:
-            if (w.worker_id in self._members and self._store.get(elastic_keys.addr_key(
-                    self._gen, self._members.index(w.worker_id))) is None):
-                output.log(f"worker {w.worker_id} finished the training before generation "
-                           f"{self._gen} formed; stopping the workers that wait for it")
-                return True
-        return False
+        if not [w for w in finished if w.worker_id in self._members
+                and not self._at_rendezvous(w)]:
+            return False
+        if [w for w in self._live() if w.worker_id in self._members
+                and 0 <= w.joined < self._gen and not self._at_rendezvous(w)]:
+            return False  # an older generation's worker is still finishing
+        ended = next(w for w in finished if w.worker_id in self._members)
+        output.log(f"worker {ended.worker_id} finished the training before generation "
+                   f"{self._gen} formed; stopping the workers that wait for it")
+        return True
+
+    def _at_rendezvous(self, w: _Worker) -> bool:
+        """`w`, a member of the latest generation, has reached its rendezvous."""
+        return self._store.get(elastic_keys.addr_key(
+            self._gen, self._members.index(w.worker_id))) is not None
 
     def _cancel_rendezvous(self, w: _Worker, code: int) -> None:
         """`w` exited with `code`: if it was a member of the latest generation and had
