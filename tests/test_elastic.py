@@ -211,6 +211,33 @@ def test_workers_finishing_the_training_are_not_cut_short_by_a_new_host(tmp_path
     assert "SAVED rank=0" in out and "SAVED rank=1" in out, out
 
 
+def test_a_removed_host_that_commits_rarely_leaves_at_its_commit_not_killed(tmp_path):
+    """A removed worker trains on until its next commit, where every worker learns of
+    the generation without it, however long that takes: the grace before it is killed
+    counts from when the others have joined that generation (before, from the removal:
+    a worker committing less often was killed mid-step, and the survivor went back to
+    its last commit). The grace is made 0.5 s here; the workers commit every 3 s."""
+    hosts_file = tmp_path / "hosts.txt"
+    hosts_file.write_text("localhost:1\n127.0.0.2:1\n")
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {hosts_file}\n")
+    discover.chmod(0o755)
+    env = {**os.environ, "PYTHONPATH": ROOT, "MARKER": str(tmp_path / "killed"),
+           "EDIT_FILE": str(hosts_file), "OMP_NUM_THREADS": "1", "EDIT_STEP": "1",
+           "EDIT_TEXT": "localhost:1", "STEPS": "5", "STEP_SLEEP": "3"}
+    launcher = ("import sys; from horovod_torch.runner import elastic_removal; "
+                "elastic_removal.REMOVED_GRACE_S = 0.5; "
+                "from horovod_torch.runner.launch import main; sys.exit(main())")
+    cmd = [sys.executable, "-c", launcher, "--host-discovery-script", str(discover),
+           "-np", "2", "--min-np", "1", "--max-np", "2", sys.executable, SCRIPT]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    rc, out = out.returncode, out.stdout + out.stderr
+    assert rc == 0, out
+    assert "not part of generation 1" in out and "lost a peer" not in out, out
+    finals = _finals(out)
+    assert len(finals) == 1 and finals[0]["size"] == "1" and finals[0]["step"] == "5", out
+
+
 def test_reset_limit_stops_a_job_that_keeps_failing(tmp_path):
     # Enough steps that the replacement worker joins before rank 0 could finish alone.
     rc, out = _run(tmp_path, "localhost:2", {"KILL_RANK": "1", "KILL_STEP": "3",

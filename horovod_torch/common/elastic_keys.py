@@ -25,6 +25,11 @@ Every key, who writes it, who reads it, and its value:
     the prefix the worker gives it); read by the other ranks (C++) and by the driver
     (did a worker that finished reach generation ``<gen>``?). Value:
     ``<IPv4 address>:<port>`` of that rank's mesh listener.
+``elastic/<gen>/joined/<id>`` (:func:`joined_key`)
+    written by worker ``<id>`` at ``init()`` when it takes its assignment in generation
+    ``<gen>`` (it has left the one before); read by the driver: a removed worker is
+    killed only a grace period after every member of a generation without it joined.
+    Value: ``1``.
 ``elastic/ready/<id>`` (:func:`ready_key`)
     written by a new worker at its first ``init()``; read by the driver (only such a
     worker is put in a generation). Value: ``1``.
@@ -90,6 +95,11 @@ def addr_key(gen: int, rank: int) -> str:
     """``elastic/<gen>/addr/<rank>``: the mesh address rank `rank` of generation `gen`
     published at its init (written by the engine: csrc/transport/tcp_transport.cc)."""
     return f"{rendezvous_prefix(gen)}/addr/{rank}"
+
+
+def joined_key(gen: int, worker_id: str) -> str:
+    """``elastic/<gen>/joined/<worker_id>``: that worker took its place in generation `gen`."""
+    return f"{rendezvous_prefix(gen)}/joined/{worker_id}"
 
 
 def init_error_key(gen: int) -> str:

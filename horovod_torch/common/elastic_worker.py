@@ -59,6 +59,7 @@ def next_assignment(env: launch_env.LaunchEnv) -> Tuple[dict, str]:
             if raw is not None:
                 rank, size, lrank, lsize, crank, csize = (int(x) for x in raw.decode().split(","))
                 _gen = gen
+                _store().set(elastic_keys.joined_key(gen, worker_id), b"1")
                 world = dict(rank=rank, size=size, local_rank=lrank, local_size=lsize,
                              cross_rank=crank, cross_size=csize,
                              store_host=env.store_host, store_port=env.store_port,

@@ -56,6 +56,7 @@ class _Worker:
     seq: int = 0  # order of starting
     slot: Optional[hosts.SlotInfo] = None  # the place it was started for
     removed_at: Optional[float] = None
+    left_behind_at: Optional[float] = None  # removed, and a generation without it joined
     done: bool = False
     ready: bool = False  # it reached hvd.init() (elastic_keys.ready_key)
     admitted: bool = False  # ready, and so are the other new workers of its host
@@ -107,6 +108,7 @@ class ElasticDriver(WorkerRemoval):
         self._next_hung_check = 0.0
         self._failure_seen: Optional[Tuple[int, float]] = None  # (generation, when)
         self._vanished_since: Optional[float] = None  # see _remove_vanished
+        self._formed_gen = -1  # the latest generation every member joined (see _formed)
 
     def _live(self) -> List[_Worker]:
         return [w for w in self._workers.values() if w.removed_at is None and not w.done]

@@ -2,12 +2,14 @@
 that never answered (blacklisted), the one worker of a failed generation that never left
 it (stopped or hung: killed), workers on hosts discovery no longer lists, the host of a
 straggler rank 0 asked to evict (--straggler-policy evict), and removed workers still
-running after a grace period. Never below --min-np workers able to form a generation.
+running a grace period after the job went on without them. Never below --min-np workers
+able to form a generation.
 
 A mixin of ElasticDriver (elastic_driver.py), whose state it reads and marks: ``_o``
 (ElasticOptions), ``_store``, ``_workers``, ``_book`` (discovery.HostBook), ``_gen``,
 ``_members``, ``_live()``, ``_eligible()``, and the bookkeeping of these checks
-(``_evict_asked``, ``_next_hung_check``, ``_failure_seen``, ``_vanished_since``).
+(``_evict_asked``, ``_next_hung_check``, ``_failure_seen``, ``_vanished_since``,
+``_formed_gen``).
 """
 from __future__ import annotations
 
@@ -153,10 +155,32 @@ class WorkerRemoval:
         return bool(victims)
 
     def _reap_removed(self) -> None:
+        """Kills removed workers still running REMOVED_GRACE_S after the job went on
+        without them: once every member of a generation without them has joined it
+        (left the generation before), no collective waits for them. Until then they train on, and
+        leave on their own at the commit that tells every worker of the new generation
+        (before, the grace ran from the removal: a worker that commits less often was
+        killed mid-step, and the others went back to their last commit)."""
         now = time.monotonic()
         for w in self._workers.values():
-            if w.removed_at is not None and now - w.removed_at > REMOVED_GRACE_S:
+            if w.removed_at is None or w.proc.poll() is not None:
+                continue
+            if w.left_behind_at is None:
+                if w.worker_id in self._members or not self._formed():
+                    continue
+                w.left_behind_at = now
+            if now - w.left_behind_at > REMOVED_GRACE_S:
                 with_suppress_kill(w.proc)
+
+    def _formed(self) -> bool:
+        """Every member of the latest generation has joined it (elastic_keys.joined_key)."""
+        if self._formed_gen != self._gen:
+            if self._gen < 0 or any(
+                    self._store.get(elastic_keys.joined_key(self._gen, wid)) is None
+                    for wid in self._members):
+                return False
+            self._formed_gen = self._gen
+        return True
 
 
 def with_suppress_kill(proc: "subprocess.Popen[bytes]", signum: int = signal.SIGKILL) -> None:
