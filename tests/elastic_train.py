@@ -12,8 +12,8 @@ kill waits that long before hvd.init(), as a slow start would), DIE_IN_INIT (the
 worker started after the kill dies inside hvd.init()), SLOW_HOST/SLOW_S (the workers
 on that host, by its horovodrun name, sleep that long in every step: a straggler),
 STEP_LOG (rank 0 prints `STEP step=N size=S at=T` every 10 steps, for bench/straggler_evict.py),
-FAIL_AFTER_RANK (that rank exits with status 4 a second after the training, as a
-failed save would), AFTER_TEXT (after the training rank 0 rewrites the discovery file
+FAIL_AFTER_RANK (that rank exits with status 4 once the other ranks' processes have
+ended, as a failed save would), AFTER_TEXT (after the training rank 0 rewrites the discovery file
 with it; the worker the driver then starts says so in MARKER.late and waits in
 hvd.init() for a generation that never forms, while the training's workers go on for
 4 s (rank 0) or 8 s, as a save would, and then print `SAVED rank=R`)."""
@@ -132,9 +132,18 @@ if BIG:  # STEPS steps of momentum SGD with gradient 1, none lost or torn by a f
 print(f"FINAL rank={hvd.rank()} size={hvd.size()} step={state.step} same={same} "
       f"resets={resets} device={DEVICE_INDEX} local_rank={hvd.local_rank()} at={time.time():.3f}",
       flush=True)
-if hvd.rank() == int(os.environ.get("FAIL_AFTER_RANK", "-1")):
-    time.sleep(1)
-    os._exit(4)
+if os.environ.get("FAIL_AFTER_RANK"):
+    pids = hvd.allgather(torch.tensor([os.getpid()]), name="pids").tolist()
+    if hvd.rank() == int(os.environ["FAIL_AFTER_RANK"]):
+        deadline = time.monotonic() + 60
+        for pid in pids:
+            while pid != os.getpid() and time.monotonic() < deadline:
+                try:
+                    os.kill(pid, 0)  # gone once the driver has reaped it, and seen it done
+                except ProcessLookupError:
+                    break
+                time.sleep(0.05)
+        os._exit(4)
 if os.environ.get("AFTER_TEXT"):
     if hvd.rank() == 0:
         open(os.environ["EDIT_FILE"] + ".after", "w").close()

@@ -216,7 +216,7 @@ def test_a_removed_host_that_commits_rarely_leaves_at_its_commit_not_killed(tmp_
     the generation without it, however long that takes: the grace before it is killed
     counts from when the others have joined that generation (before, from the removal:
     a worker committing less often was killed mid-step, and the survivor went back to
-    its last commit). The grace is made 0.5 s here; the workers commit every 3 s."""
+    its last commit). The grace is made 1.5 s here; the workers commit every 4 s."""
     hosts_file = tmp_path / "hosts.txt"
     hosts_file.write_text("localhost:1\n127.0.0.2:1\n")
     discover = tmp_path / "discover.sh"
@@ -224,9 +224,9 @@ def test_a_removed_host_that_commits_rarely_leaves_at_its_commit_not_killed(tmp_
     discover.chmod(0o755)
     env = {**os.environ, "PYTHONPATH": ROOT, "MARKER": str(tmp_path / "killed"),
            "EDIT_FILE": str(hosts_file), "OMP_NUM_THREADS": "1", "EDIT_STEP": "1",
-           "EDIT_TEXT": "localhost:1", "STEPS": "5", "STEP_SLEEP": "3"}
+           "EDIT_TEXT": "localhost:1", "STEPS": "5", "STEP_SLEEP": "4"}
     launcher = ("import sys; from horovod_torch.runner import elastic_removal; "
-                "elastic_removal.REMOVED_GRACE_S = 0.5; "
+                "elastic_removal.REMOVED_GRACE_S = 1.5; "
                 "from horovod_torch.runner.launch import main; sys.exit(main())")
     cmd = [sys.executable, "-c", launcher, "--host-discovery-script", str(discover),
            "-np", "2", "--min-np", "1", "--max-np", "2", sys.executable, SCRIPT]

@@ -109,6 +109,9 @@ class ElasticDriver(WorkerRemoval):
         self._failure_seen: Optional[Tuple[int, float]] = None  # (generation, when)
         self._vanished_since: Optional[float] = None  # see _remove_vanished
         self._formed_gen = -1  # the latest generation every member joined (see _formed)
+        self._history: Dict[int, List[str]] = {}  # each generation's members, in rank order
+        self._complete: Set[int] = set()  # generations whose rendezvous completed
+        self._finished_at: Optional[float] = None  # when the first worker finished
 
     def _live(self) -> List[_Worker]:
         return [w for w in self._workers.values() if w.removed_at is None and not w.done]
@@ -211,6 +214,7 @@ class ElasticDriver(WorkerRemoval):
             return False
         self._members = members
         self._gen += 1
+        self._history[self._gen] = members
         per_host: Dict[str, List[_Worker]] = {}
         for w in live:
             per_host.setdefault(w.host, []).append(w)
@@ -285,12 +289,14 @@ class ElasticDriver(WorkerRemoval):
                     continue
                 if rc == 0:
                     w.done = True
+                    self._finished_at = self._finished_at or time.monotonic()
                     continue
                 code = driver.exit_code(rc)
                 self._say(WORKER_EXIT_MESSAGE.format(rank=w.slot.rank if w.slot else w.rank,
                                                      code=code))
-                done = [d for d in self._workers.values() if d.done]
-                if done and (self._gen < 0 or w.worker_id in self._members):
+                done = [d for d in self._workers.values()
+                        if d.done and (self._gen < 0 or d.rank >= 0)]
+                if done and (self._gen < 0 or self._trained(w)):
                     # The training is over (nothing re-forms after a worker finished):
                     # a worker that fails now, e.g. saving the model, fails the job.
                     output.log(f"worker {w.worker_id} (rank {w.rank}) exited with code "
@@ -388,13 +394,34 @@ class ElasticDriver(WorkerRemoval):
         if not [w for w in finished if w.worker_id in self._members
                 and not self._at_rendezvous(w)]:
             return False
-        if [w for w in self._live() if w.worker_id in self._members
-                and 0 <= w.joined < self._gen and not self._at_rendezvous(w)]:
-            return False  # an older generation's worker is still finishing
         ended = next(w for w in finished if w.worker_id in self._members)
+        waited = time.monotonic() - (self._finished_at or 0.0)
+        if [w for w in self._live() if w.worker_id in self._members
+                and not self._at_rendezvous(w) and self._trained(w)]:
+            if waited <= self._o.elastic_timeout:
+                return False  # a worker that trained is still finishing
+            output.log(f"workers still running {waited:.0f} s (--elastic-timeout) after "
+                       f"worker {ended.worker_id} finished; stopping them")
+            return True
         output.log(f"worker {ended.worker_id} finished the training before generation "
                    f"{self._gen} formed; stopping the workers that wait for it")
         return True
+
+    def _trained(self, w: _Worker) -> bool:
+        """`w` was a member of a generation whose rendezvous completed (every member
+        reached it: trained, or is training), rather than only of ones that never
+        formed (a new worker waiting at a rendezvous)."""
+        for gen, members in self._history.items():
+            if w.worker_id not in members:
+                continue
+            if gen not in self._complete:
+                keys = ([elastic_keys.joined_key(gen, members[0])] if len(members) == 1 else
+                        [elastic_keys.addr_key(gen, rank) for rank in range(len(members))])
+                if any(self._store.get(key) is None for key in keys):
+                    continue
+                self._complete.add(gen)
+            return True
+        return False
 
     def _at_rendezvous(self, w: _Worker) -> bool:
         """`w`, a member of the latest generation, has reached its rendezvous."""

@@ -152,7 +152,7 @@ def _spark_thread(sc, group: str, num_proc: int, job: dict, outcome: dict):
 
 ERROR_GRACE_S = 1.0
 """After the first rank's error, how long the driver waits for others before it
-picks the one to raise (see :func:`_pick_error`)."""
+picks the one to raise (see horovod_torch.runner.func.pick_error)."""
 INTERNAL_GRACE_S = 5.0
 """How much longer it waits while every error is a lost connection."""
 

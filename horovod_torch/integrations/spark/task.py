@@ -235,11 +235,8 @@ def _report_crash(client, rank: int, code: int) -> None:
     driver can tell a crash from the failures it caused in the other ranks."""
     import pickle  # pylint: disable=import-outside-toplevel
     from horovod_torch.runner import func as run_func  # pylint: disable=import-outside-toplevel
-    raw = client.get(run_func.KEY_ERRORS)
-    for seq in range(1, int(raw.decode()) + 1 if raw else 1):
-        entry = client.get(run_func.KEY_ERROR.format(seq=seq))
-        if entry and pickle.loads(entry).get("rank") == rank:
-            return
+    if any(error.get("rank") == rank for error in run_func.errors(client)):
+        return
     seq = client.add(run_func.KEY_ERRORS, 1)
     client.set(run_func.KEY_ERROR.format(seq=seq), pickle.dumps({
         "rank": rank, "traceback": "", "exception": None,
