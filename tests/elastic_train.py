@@ -16,7 +16,9 @@ FAIL_AFTER_RANK (that rank exits with status 4 once the other ranks' processes h
 ended, as a failed save would), AFTER_TEXT (after the training rank 0 rewrites the discovery file
 with it; the worker the driver then starts says so in MARKER.late and waits in
 hvd.init() for a generation that never forms, while the training's workers go on for
-4 s (rank 0) or 8 s, as a save would, and then print `SAVED rank=R`)."""
+4 s (rank 0) or 8 s, as a save would, and then print `SAVED rank=R`; with LATE_FAILS=1
+that new worker exits with status 3 once rank 0's process has ended, as a rendezvous
+that timed out would)."""
 import os
 import signal
 import time
@@ -29,6 +31,19 @@ from tests.workers import edit_hosts_and_wait, report_recovery_once
 
 if os.environ.get("AFTER_TEXT") and os.path.exists(os.environ["EDIT_FILE"] + ".after"):
     open(os.environ["MARKER"] + ".late", "w").close()
+    if os.environ.get("LATE_FAILS") == "1":
+        import threading
+
+        def _fail_once_rank_0_ended():
+            with open(os.environ["EDIT_FILE"] + ".pid0") as f:
+                pid = int(f.read())
+            while True:
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    os._exit(3)
+                time.sleep(0.05)
+        threading.Thread(target=_fail_once_rank_0_ended, daemon=True).start()
 if (os.environ.get("DIE_IN_INIT") and os.path.exists(os.environ.get("MARKER", ""))
         and not os.path.exists(os.environ["MARKER"] + ".init")):
     # The first replacement dies inside hvd.init(), after the driver assigned it a
@@ -146,6 +161,8 @@ if os.environ.get("FAIL_AFTER_RANK"):
         os._exit(4)
 if os.environ.get("AFTER_TEXT"):
     if hvd.rank() == 0:
+        with open(os.environ["EDIT_FILE"] + ".pid0", "w") as f:
+            f.write(str(os.getpid()))
         open(os.environ["EDIT_FILE"] + ".after", "w").close()
         with open(os.environ["EDIT_FILE"], "w") as f:
             f.write(os.environ["AFTER_TEXT"].replace(";", "\n") + "\n")

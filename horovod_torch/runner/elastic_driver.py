@@ -379,9 +379,10 @@ class ElasticDriver(WorkerRemoval):
         finished without reaching the latest generation's rendezvous: it ended the
         training in an older generation (a host was added just as training ended),
         so the latest one can never form and its new workers would wait forever;
-        they are stopped once the other workers of the older generations have finished
-        too (or wait at the latest one's rendezvous): those may still be storing a
-        result or saving the model. Before any generation formed, the workers did not
+        they are stopped once every other worker that trained (see _trained) has
+        finished too or waits at the latest one's rendezvous, or --elastic-timeout
+        after the first finished: those may still be storing a result or saving the
+        model. Before any generation formed, the workers did not
         use horovod (as under horovod.runner.run): it is over once every worker is
         done, or waits in hvd.init() for a generation that cannot form now that one
         has finished."""
