@@ -52,7 +52,6 @@ class _Worker:
     reader: threading.Thread
     started_at: float = 0.0
     rank: int = -1  # in the latest generation that has it
-    joined: int = -1  # the first generation that has it
     seq: int = 0  # order of starting
     slot: Optional[hosts.SlotInfo] = None  # the place it was started for
     removed_at: Optional[float] = None
@@ -220,8 +219,6 @@ class ElasticDriver(WorkerRemoval):
             per_host.setdefault(w.host, []).append(w)
         for w, s in zip(live, hosts.assign([w.host for w in live], [self._home(w) for w in live])):
             w.rank = s.rank
-            if w.joined < 0:
-                w.joined = self._gen
             value = (f"{s.rank},{s.size},{s.local_rank},{s.local_size},{s.cross_rank},"
                      f"{s.cross_size}")
             self._store.set(elastic_keys.assign_key(self._gen, w.worker_id), value.encode())
@@ -382,10 +379,9 @@ class ElasticDriver(WorkerRemoval):
         they are stopped once every other worker that trained (see _trained) has
         finished too or waits at the latest one's rendezvous, or --elastic-timeout
         after the first finished: those may still be storing a result or saving the
-        model. Before any generation formed, the workers did not
-        use horovod (as under horovod.runner.run): it is over once every worker is
-        done, or waits in hvd.init() for a generation that cannot form now that one
-        has finished."""
+        model. Before any generation formed, the workers did not use horovod (as under
+        horovod.runner.run): it is over once every worker is done, or waits in
+        hvd.init() for a generation that cannot form now that one has finished."""
         if self._gen < 0:
             return all(w.ready for w in self._live())
         if not [w for w in self._live() if w.rank >= 0]:

@@ -157,9 +157,9 @@ class WorkerRemoval:
     def _reap_removed(self) -> None:
         """Kills removed workers still running REMOVED_GRACE_S after the job went on
         without them: once every member of a generation without them has joined it
-        (left the generation before), no collective waits for them. Until then they train on, and
-        leave on their own at the commit that tells every worker of the new generation
-        (before, the grace ran from the removal: a worker that commits less often was
+        (left the generation before), no collective waits for them. Until then they
+        train on, and leave on their own at the commit that tells every worker of the
+        new generation (before, the grace ran from the removal: a worker that commits less often was
         killed mid-step, and the others went back to their last commit)."""
         now = time.monotonic()
         for w in self._workers.values():
