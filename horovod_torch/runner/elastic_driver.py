@@ -431,8 +431,8 @@ class ElasticDriver(WorkerRemoval):
         tells the others, which otherwise wait there for HOROVOD_START_TIMEOUT."""
         if w.worker_id not in self._members:
             return
-        rank = self._members.index(w.worker_id)
-        if self._store.get(elastic_keys.addr_key(self._gen, rank)) is None:
+        if not self._at_rendezvous(w):
+            rank = self._members.index(w.worker_id)
             self._store.set(elastic_keys.init_error_key(self._gen), (
                 f"worker {w.worker_id} (rank {rank} of generation {self._gen}) exited with "
                 f"code {code} before reaching the rendezvous").encode())
