@@ -18,7 +18,10 @@ with it; the worker the driver then starts says so in MARKER.late and waits in
 hvd.init() for a generation that never forms, while the training's workers go on for
 4 s (rank 0) or 8 s, as a save would, and then print `SAVED rank=R`; with LATE_FAILS=1
 that new worker exits with status 3 once rank 0's process has ended, as a rendezvous
-that timed out would)."""
+that timed out would), REMOVE_TEXT (after the training rank 0 rewrites the discovery file
+with it, to remove another worker's host; every worker waits until the driver has
+published the generation without it, then rank 0 ends at once and the others print
+`SAVED rank=R` SAVE_S (default 4) s later, as a save would)."""
 import os
 import signal
 import time
@@ -170,4 +173,15 @@ if os.environ.get("AFTER_TEXT"):
     while not os.path.exists(os.environ["MARKER"] + ".late") and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(4 if hvd.rank() == 0 else 8)
+    print(f"SAVED rank={hvd.rank()}", flush=True)
+if os.environ.get("REMOVE_TEXT"):
+    from horovod_torch.common import elastic_worker
+    if hvd.rank() == 0:
+        with open(os.environ["EDIT_FILE"], "w") as f:
+            f.write(os.environ["REMOVE_TEXT"].replace(";", "\n") + "\n")
+    deadline = time.monotonic() + 60
+    while elastic_worker.current_generation() < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if hvd.rank() > 0:
+        time.sleep(float(os.environ.get("SAVE_S", "4")))
     print(f"SAVED rank={hvd.rank()}", flush=True)

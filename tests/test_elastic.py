@@ -3,6 +3,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -214,6 +215,27 @@ def test_workers_finishing_the_training_are_not_cut_short_by_a_new_host(tmp_path
     else:
         assert "finished the training before generation 1 formed" in out, out
     assert "SAVED rank=0" in out and "SAVED rank=1" in out, out
+
+
+@pytest.mark.parametrize("hangs", [False, True])
+def test_a_host_removed_after_the_training_lets_its_workers_finish(tmp_path, hangs):
+    """A host leaves discovery after the last commit: the generation without it never
+    forms, and its worker, which trained to the end with the others, may still be
+    saving when they finish. It is waited for as they are (before, it was killed as
+    soon as the others ended), up to --elastic-timeout after the first finished (here
+    a save of 60 s is cut after 5 s)."""
+    save_s, args = ("60", ["--elastic-timeout", "5"]) if hangs else ("4", [])
+    t0 = time.monotonic()
+    rc, out = _run(tmp_path, "localhost:1;127.0.0.2:1",
+                   {"REMOVE_TEXT": "localhost:1", "STEPS": "10", "SAVE_S": save_s},
+                   ["-np", "2", "--min-np", "1", "--max-np", "2", *args], timeout=120)
+    assert rc == 0, out
+    assert "generation 1: 1 workers" in out and "SAVED rank=0" in out, out
+    if hangs:
+        assert "SAVED rank=1" not in out and "(--elastic-timeout) after the first" in out, out
+        assert time.monotonic() - t0 < 45, out
+    else:
+        assert "SAVED rank=1" in out, out
 
 
 def test_a_removed_host_that_commits_rarely_leaves_at_its_commit_not_killed(tmp_path):

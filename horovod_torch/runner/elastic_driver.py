@@ -374,34 +374,43 @@ class ElasticDriver(WorkerRemoval):
     def _training_over(self, finished: List[_Worker]) -> bool:
         """Training is over once every assigned worker is done, or once a worker
         finished without reaching the latest generation's rendezvous: it ended the
-        training in an older generation (a host was added just as training ended),
-        so the latest one can never form and its new workers would wait forever;
-        they are stopped once every other worker that trained (see _trained) has
-        finished too or waits at the latest one's rendezvous, or --elastic-timeout
-        after the first finished: those may still be storing a result or saving the
-        model. Before any generation formed, the workers did not use horovod (as under
-        horovod.runner.run): it is over once every worker is done, or waits in
-        hvd.init() for a generation that cannot form now that one has finished."""
+        training in an older generation (a host was added or removed just as training
+        ended), so the latest one can never form and its new workers would wait
+        forever. Either way the job ends only once every other worker that trained
+        (see _trained) has finished too, or waits at the latest generation's
+        rendezvous, or --elastic-timeout after the first finished: those may still be
+        storing a result or saving the model. That includes the workers of a host
+        removed after the last commit: the generation without them never formed, so
+        they trained to the end with the others. Before any generation formed, the
+        workers did not use horovod (as under horovod.runner.run): it is over once
+        every worker is done, or waits in hvd.init() for a generation that cannot
+        form now that one has finished."""
         if self._gen < 0:
             return all(w.ready for w in self._live())
-        if not [w for w in self._live() if w.rank >= 0]:
-            return True
-        if len(self._members) < 2 or self._gen < 1:
-            return False  # generation 0: a worker that never called hvd.init() is done
-        if not [w for w in finished if w.worker_id in self._members
-                and not self._at_rendezvous(w)]:
-            return False
-        ended = next(w for w in finished if w.worker_id in self._members)
+        ranked = [w for w in self._live() if w.rank >= 0]
+        if ranked:
+            if len(self._members) < 2 or self._gen < 1:
+                return False  # generation 0: a worker that never called hvd.init() is done
+            if not [w for w in finished if w.worker_id in self._members
+                    and not self._at_rendezvous(w)]:
+                return False
+        finishing = [w for w in ranked if w.worker_id in self._members
+                     and not self._at_rendezvous(w) and self._trained(w)]
+        finishing += [w for w in self._workers.values() if w.removed_at is not None
+                      and w.left_behind_at is None and w.proc.poll() is None
+                      and self._trained(w)]
         waited = time.monotonic() - (self._finished_at or 0.0)
-        if [w for w in self._live() if w.worker_id in self._members
-                and not self._at_rendezvous(w) and self._trained(w)]:
+        if finishing:
             if waited <= self._o.elastic_timeout:
-                return False  # a worker that trained is still finishing
+                return False
             output.log(f"workers still running {waited:.0f} s (--elastic-timeout) after "
-                       f"worker {ended.worker_id} finished; stopping them")
+                       f"the first finished ({', '.join(w.worker_id for w in finishing)}); "
+                       "stopping them")
             return True
-        output.log(f"worker {ended.worker_id} finished the training before generation "
-                   f"{self._gen} formed; stopping the workers that wait for it")
+        if ranked:
+            ended = next(w for w in finished if w.worker_id in self._members)
+            output.log(f"worker {ended.worker_id} finished the training before generation "
+                       f"{self._gen} formed; stopping the workers that wait for it")
         return True
 
     def _trained(self, w: _Worker) -> bool:
