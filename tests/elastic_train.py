@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 
 import horovod.torch as hvd
-from tests.workers import edit_hosts_and_wait, report_recovery_once
+from tests.workers import edit_hosts_and_wait, report_recovery_once, write_hosts
 
 if os.environ.get("AFTER_TEXT") and os.path.exists(os.environ["EDIT_FILE"] + ".after"):
     open(os.environ["MARKER"] + ".late", "w").close()
@@ -167,8 +167,7 @@ if os.environ.get("AFTER_TEXT"):
         with open(os.environ["EDIT_FILE"] + ".pid0", "w") as f:
             f.write(str(os.getpid()))
         open(os.environ["EDIT_FILE"] + ".after", "w").close()
-        with open(os.environ["EDIT_FILE"], "w") as f:
-            f.write(os.environ["AFTER_TEXT"].replace(";", "\n") + "\n")
+        write_hosts(os.environ["AFTER_TEXT"])
     deadline = time.monotonic() + 60
     while not os.path.exists(os.environ["MARKER"] + ".late") and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -177,8 +176,7 @@ if os.environ.get("AFTER_TEXT"):
 if os.environ.get("REMOVE_TEXT"):
     from horovod_torch.common import elastic_worker
     if hvd.rank() == 0:
-        with open(os.environ["EDIT_FILE"], "w") as f:
-            f.write(os.environ["REMOVE_TEXT"].replace(";", "\n") + "\n")
+        write_hosts(os.environ["REMOVE_TEXT"])
     deadline = time.monotonic() + 60
     while elastic_worker.current_generation() < 1 and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -652,6 +652,12 @@ def report_recovery_once(resets, reported) -> None:
         print(f"RECOVERY rank={hvd.rank()} seconds={time.time() - died:.2f}", flush=True)
 
 
+def write_hosts(text: str) -> None:
+    """Rewrites the discovery file EDIT_FILE with `text` (';' for newlines)."""
+    with open(os.environ["EDIT_FILE"], "w") as f:
+        f.write(text.replace(";", "\n") + "\n")
+
+
 def edit_hosts_and_wait(state) -> None:
     """For the elastic training scripts, at the top of each step: at EDIT_STEP rank 0
     rewrites the discovery file (EDIT_FILE := EDIT_TEXT, ';' for newlines). From
@@ -661,8 +667,7 @@ def edit_hosts_and_wait(state) -> None:
     120 s it trains on (and the test fails on the world size it reports)."""
     edit = int(os.environ.get("EDIT_STEP", "-1"))
     if hvd.rank() == 0 and state.step == edit:
-        with open(os.environ["EDIT_FILE"], "w") as f:
-            f.write(os.environ["EDIT_TEXT"].replace(";", "\n") + "\n")
+        write_hosts(os.environ["EDIT_TEXT"])
     if "WAIT_SIZE" not in os.environ or state.step < int(os.environ.get("WAIT_STEP", edit)):
         return
     deadline = time.monotonic() + 120
