@@ -159,8 +159,9 @@ class WorkerRemoval:
         without them: once every member of a generation without them has joined it
         (left the generation before), no collective waits for them. Until then they
         train on, and leave on their own at the commit that tells every worker of the
-        new generation (before, the grace ran from the removal: a worker that commits less often was
-        killed mid-step, and the others went back to their last commit)."""
+        new generation (before, the grace ran from the removal: a worker that commits
+        less often was killed mid-step, and the others went back to their last
+        commit)."""
         now = time.monotonic()
         for w in self._workers.values():
             if w.removed_at is None or w.proc.poll() is not None:
