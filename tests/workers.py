@@ -211,7 +211,7 @@ def mismatches() -> None:
     mine = [4] + [0] * (n - 1) if r == 0 else [0] * (n - 1) + [4]
     expect_raises(RuntimeError, lambda: hvd.reducescatter(torch.ones(4), name="rs_x",
                                                           splits=mine),
-                  "rs_x", "splits", f"rank 0 has [4")
+                  "rs_x", "splits", "rank 0 has [4")
     expect_raises(RuntimeError, lambda: hvd.reducescatter(
         torch.ones(4), name="rs_y", splits=[4] + [0] * (n - 1) if r == 0 else None),
         "rs_y", "splits", "rank 1 has none")
