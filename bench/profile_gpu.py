@@ -22,7 +22,14 @@ under a CUDA-only torch.profiler (kernels only). Rank 0 prints, in milliseconds 
   gpu idle               no kernel at all (first kernel to last)
   kernels, nccl kernels  counts per step
 
-`--trace-dir` keeps each contender's trace (rank 0).
+`--split` adds the host's time in `opt.zero_grad()`, and for the hvd contenders where
+its time in `opt.step()` goes (medians over the timed steps): `synchronize()` in all,
+the part of it in the wait for the gradients' allreduces (`_wait_many`: the wait for
+the background thread to enqueue the last of them, and the stream waits), how many of
+them were not yet enqueued when the wait began, and the wrapped optimizer's own step.
+
+`--trace-dir` keeps each contender's trace (rank 0); with `--cpu` the profile also
+records the host's ops and CUDA calls (slower steps, a larger trace).
 """
 import argparse
 import json
@@ -94,8 +101,9 @@ def worker(args):
 
     phases = ("fwd", "bwd", "opt")
     results = {}
-    for lib in args.libs.split(","):
+    for n, lib in enumerate(args.libs.split(",")):
         net, opt = _contender(lib, args.model, dev)
+        split = _split(opt, lib.startswith("hvd")) if args.split else None
         for _ in range(args.warmup):
             step(net, opt)
         torch.cuda.synchronize()
@@ -117,11 +125,14 @@ def worker(args):
             row[f"gpu {name}"] = statistics.median(a[1].elapsed_time(b[1]) for a, b in pairs)
         row["step"] = (marks[-1][0] - marks[0][0]) / args.steps * 1e3
         row["drain"] = drain * 1e3
+        if split is not None:
+            row.update({k: statistics.median(v[-args.steps:]) for k, v in split.items()})
         # The same number of steps under a CUDA-only profile (no CPU op events, so the
         # host pays less than with them, but still a cost per launch: `profiled step`).
         dist.barrier()
         t0 = time.perf_counter()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        acts = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if args.cpu else [])
+        with profile(activities=acts) as prof:
             for _ in range(args.steps):
                 step(net, opt)
             torch.cuda.synchronize()
@@ -134,7 +145,7 @@ def worker(args):
             row.update(summarize(path, args.steps))
             if not args.trace_dir:
                 shutil.rmtree(tmp)
-        results[lib] = row
+        results[lib if lib not in results else f"{lib}#{n}"] = row
         del net, opt
         torch.cuda.synchronize()
         dist.barrier()
@@ -145,11 +156,48 @@ def worker(args):
         keys = list(dict.fromkeys(k for row in results.values() for k in row))
         print(f"{'':13}" + "".join(f"{lib:>10}" for lib in results))
         for k in keys:
-            fmt = "{:10.0f}" if "kernels" in k else "{:10.2f}"
+            fmt = "{:10.0f}" if "kernels" in k or "not enqueued" in k else "{:10.2f}"
             print(f"{k:13}" + "".join(fmt.format(results[lib].get(k, 0.0)) for lib in results))
         sys.stdout.flush()
     dist.destroy_process_group()
     hvd.shutdown()
+
+
+def _split(opt, hvd_parts):
+    """Times `opt.zero_grad()`, and with `hvd_parts` the parts of an hvd optimizer's
+    step (see --split): returns the dict of lists the wrappers append to, in
+    milliseconds (and a count)."""
+    from horovod_torch import _C
+    from horovod_torch.training import optimizer as module
+    times = {"zero_grad": []}
+    opt.zero_grad = _timed(times, "zero_grad", opt.zero_grad)
+    if not hvd_parts:
+        return times
+    times.update({"sync": [], "sync wait": [], "not enqueued": [], "local step": []})
+    wait_many = getattr(module._wait_many, "unwrapped", module._wait_many)
+    synchronize, local_step = opt.synchronize, opt._local_step
+
+    def waiting(handles):
+        # (a look at each handle's event: a few microseconds each, inside "sync")
+        times["not enqueued"].append(sum(1 for h in handles if not _C.poll(h)))
+        return _timed(times, "sync wait", wait_many)(handles)
+
+    waiting.unwrapped = wait_many
+    module._wait_many = waiting  # (left in place: the next hvd contender replaces it)
+    opt.synchronize = _timed(times, "sync", synchronize)
+    opt._local_step = _timed(times, "local step", local_step)
+    return times
+
+
+def _timed(times, key, fn):
+    """fn, appending each call's milliseconds to times[key]."""
+    def call(*a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            times[key].append((time.perf_counter() - t0) * 1e3)
+    return call
 
 
 def main():
@@ -161,6 +209,9 @@ def main():
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--libs", default="hvd,ddp,none")
     p.add_argument("--trace-dir", default="")
+    p.add_argument("--cpu", action="store_true", help="profile the host too (see above)")
+    p.add_argument("--split", action="store_true",
+                   help="time the parts of hvd's opt.step() (see the module's docstring)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
