@@ -37,3 +37,44 @@ def test_prescale_scales_every_element_on_one_rank():
                 bad = (got != want).nonzero()
                 assert len(bad) == 0, (dtype, dim, bad[:3].tolist())
         """)
+
+
+def test_memory_of_a_dropped_handle_waits_for_its_op():
+    # The backend does not recordStream an op's output (nor an input reduced in place) on
+    # its stream: once the stream that made the input has waited for the op, memory
+    # freed is reused only after it. A handle dropped without that wait (here with
+    # _C.release; an elastic reset drops the optimizer's so) marks the output used on the
+    # backend stream, so that the allocator does not hand its memory to a new tensor
+    # while the op still writes there. The op on `g` is held back on the GPU behind a
+    # long one on `a`, and `x`, allocated after `g` was freed, would get its memory.
+    _run("""
+        import time
+        import torch, horovod_torch as hvd
+        from horovod_torch import _C
+        hvd.init()
+        torch.cuda.set_device(0)
+        n = 1 << 24
+        a = torch.empty(1 << 30, device="cuda")
+        for trial in range(3):
+            for waited in (True, False):
+                torch.cuda._sleep(1 << 30)  # the stream is busy for a while
+                a.fill_(1.0)
+                g = torch.ones(n, device="cuda")
+                ha = hvd.allreduce_async_(a, name=f"a.{trial}.{waited}", op=hvd.Sum,
+                                          prescale_factor=3.0)
+                hg = hvd.allreduce_async_(g, name=f"g.{trial}.{waited}", op=hvd.Sum,
+                                          prescale_factor=3.0)
+                if waited:
+                    hvd.synchronize(hg)  # this stream waits for g's op
+                else:
+                    time.sleep(0.2)  # (the background thread enqueues both ops)
+                    _C.release(hg)
+                ptr = g.data_ptr()
+                del g
+                x = torch.full((n,), 7.0, device="cuda")
+                hvd.synchronize(ha)
+                torch.cuda.synchronize()
+                bad = int((x != 7.0).sum())
+                assert bad == 0, (trial, waited, x.data_ptr() == ptr, bad, x[:2].tolist())
+        print("ok")
+        """)

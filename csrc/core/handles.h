@@ -34,6 +34,11 @@ class GpuEvent {
   // skipped with wait=false, when the stream already waits for this event), and
   // tells the allocator that `result` is used on that stream.
   virtual void BlockCurrentStream(const at::Tensor& result, bool wait) = 0;
+  // Whether the caller's current CUDA stream is the one the event was recorded on.
+  virtual bool OnCurrentStream() = 0;
+  // Tells the allocator that `t`'s memory is used on the stream the event was
+  // recorded on: freed, it is reused only after the work enqueued there by then.
+  virtual void MarkUsedOnStream(const at::Tensor& t) = 0;
   // Runs fn on this thread with a CUDA stream of the event's device current that
   // waits for the event (a stream from torch's pool, never the caller's): what fn
   // enqueues runs after the op, and a CUDA future completed in fn records its events
@@ -80,7 +85,17 @@ class HandleState {
   explicit HandleState(std::shared_ptr<Waiters> waiters,
                        std::shared_ptr<NameReservations> names = nullptr, std::string name = {})
       : waiters_(std::move(waiters)), names_(std::move(names)), name_(std::move(name)) {}
-  ~HandleState() { ReleaseName(); }
+  ~HandleState() {
+    ReleaseName();
+    if (made_on_ != nullptr && !stream_waited_.load(std::memory_order_acquire) &&
+        event_ != nullptr && output_.defined()) {
+      try {
+        event_->MarkUsedOnStream(output_);  // see Complete()
+      } catch (...) {
+        // a destructor must not throw (CUDA already torn down at exit, say)
+      }
+    }
+  }
   // Frees the op's name for a new op (once; the waiter calls it when the wait
   // returns, before the background thread may have dropped its reference).
   void ReleaseName() {
@@ -88,8 +103,19 @@ class HandleState {
   }
   HandleState(const HandleState&) = delete;
   HandleState& operator=(const HandleState&) = delete;
+  // A GPU op completes with the `event` its stream records after it. With `made_on`
+  // (the event RecordReady() recorded on the stream that made its input), the backend
+  // has not told the allocator that the output, which its stream wrote (and read, in
+  // place), is used there: a recordStream per gradient costs an event record when the
+  // tensor is freed and a query of it at later allocations. Memory freed after the
+  // stream that made the input has waited for the op (BlockCurrentStream() called
+  // there) is reused only after the op, as torch's own process groups assume when
+  // they keep a tensor rather than record its stream. A handle that goes without
+  // that wait (never synchronized, waited from another stream, dropped by an elastic
+  // reset) tells the allocator then, in its destructor.
   void Complete(Status status, at::Tensor output = {}, at::Tensor splits = {},
-                std::shared_ptr<GpuEvent> event = nullptr) {
+                std::shared_ptr<GpuEvent> event = nullptr,
+                std::shared_ptr<GpuEvent> made_on = nullptr) {
     std::vector<std::function<void()>> callbacks;
     {
       MutexLock lock(mu_);
@@ -98,6 +124,7 @@ class HandleState {
       output_ = std::move(output);
       splits_ = std::move(splits);
       event_ = std::move(event);
+      made_on_ = event_ != nullptr ? std::move(made_on) : nullptr;
       done_ = true;
       done_flag_.store(true, std::memory_order_release);
       callbacks.swap(callbacks_);
@@ -153,6 +180,15 @@ class HandleState {
     MutexLock lock(mu_);
     return cv_.WaitFor(mu_, timeout, [this]() HVD_REQUIRES(mu_) { return done_; });
   }
+  // Once complete, with a GPU event: makes the caller's current stream wait for the op
+  // (GpuEvent::BlockCurrentStream, with its `wait`), and notes whether that stream made
+  // the input (see Complete()).
+  void BlockCurrentStream(bool wait) {
+    event_->BlockCurrentStream(output_, wait);
+    if (made_on_ != nullptr && made_on_->OnCurrentStream()) {
+      stream_waited_.store(true, std::memory_order_release);
+    }
+  }
   // Valid once Wait() returned true.
   const Status& status() const { return status_; }
   const at::Tensor& output() const { return output_; }
@@ -168,6 +204,8 @@ class HandleState {
   at::Tensor output_;
   at::Tensor splits_;
   std::shared_ptr<GpuEvent> event_;
+  std::shared_ptr<GpuEvent> made_on_;       // see Complete(); immutable once done_
+  std::atomic<bool> stream_waited_{false};  // ... and BlockCurrentStream()
   std::vector<std::function<void()>> callbacks_ HVD_GUARDED_BY(mu_);  // OnComplete()
   const std::shared_ptr<Waiters> waiters_;                            // may be null
   const std::shared_ptr<NameReservations> names_;                     // may be null

@@ -196,10 +196,17 @@ Status NcclBackend::Execute(const std::vector<Response>& batch, std::vector<Entr
   const int64_t seq = timed ? static_cast<int64_t>(next_seq_++) : -1;
   d->in_flight.push_back(InFlight{std::move(start), done, r.name, {}, seq});
   for (size_t i = 0; i < entries.size(); ++i) {
-    // Memory used on our stream must not be reused before that work finishes.
-    c10::cuda::CUDACachingAllocator::recordStream(entries[i].sub.input.storage().data_ptr(),
-                                                  stream);
-    entries[i].handle->Complete(Status::Ok(), outs[i], i == 0 ? splits : at::Tensor(), done);
+    // Memory used on our stream must not be reused before that work finishes: an
+    // input apart from the output is the allocator's to guard; the output (and an
+    // input reduced in place) the handle's, until the stream that made the input
+    // waits for the op (HandleState::Complete).
+    const at::Tensor& in = entries[i].sub.input;
+    const std::shared_ptr<GpuEvent>& made_on = entries[i].ready;
+    if (made_on == nullptr || !outs[i].defined() || !in.storage().is_alias_of(outs[i].storage())) {
+      c10::cuda::CUDACachingAllocator::recordStream(in.storage().data_ptr(), stream);
+    }
+    entries[i].handle->Complete(Status::Ok(), outs[i], i == 0 ? splits : at::Tensor(), done,
+                                made_on);
   }
   return Status::Ok();
 }

@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -40,6 +41,7 @@ class NcclEvent : public GpuEvent {
   std::string Record(const c10::cuda::CUDAStream& s) {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
     if (event_ == nullptr) return "cudaEventCreate failed on GPU " + std::to_string(device_);
+    stream_ = s;
     return Error("cudaEventRecord", cudaEventRecord(event_, s.stream()));
   }
   std::string Block(const c10::cuda::CUDAStream& s) {
@@ -59,6 +61,15 @@ class NcclEvent : public GpuEvent {
     }
     if (result.defined() && result.is_cuda()) {
       c10::cuda::CUDACachingAllocator::recordStream(result.storage().data_ptr(), stream);
+    }
+  }
+  bool OnCurrentStream() override {
+    return stream_.has_value() &&
+           c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)) == *stream_;
+  }
+  void MarkUsedOnStream(const at::Tensor& t) override {
+    if (stream_.has_value() && t.defined() && t.is_cuda()) {
+      c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), *stream_);
     }
   }
   void RunAfter(const std::function<void()>& fn) override {
@@ -82,6 +93,7 @@ class NcclEvent : public GpuEvent {
   int device_;
   bool timing_;
   cudaEvent_t event_ = nullptr;
+  std::optional<c10::cuda::CUDAStream> stream_;  // where Record() last recorded it
 };
 
 // An op on a stream not known to be done: an event recorded when it starts (its

@@ -52,7 +52,7 @@ void Complete(CallState& c) {
         first->RunAfter([&] {
           // The runtime's outputs are read on this stream; later ops' events waited for.
           for (const auto& h : c.handles) {
-            if (h->event()) h->event()->BlockCurrentStream(h->output(), h->event().get() != first);
+            if (h->event()) h->BlockCurrentStream(h->event().get() != first);
           }
           finish();
         });

@@ -134,7 +134,7 @@ py::object Wait(int handle) {
   // GPU ops: the caller's stream waits for the result; the host does not.
   if (h->event() != nullptr && h->status().ok()) {
     py::gil_scoped_release nogil;
-    h->event()->BlockCurrentStream(h->output(), true);
+    h->BlockCurrentStream(true);
   }
   return Result(*h);
 }
@@ -158,7 +158,7 @@ py::list WaitMany(const std::vector<int>& handles) {
     std::unordered_set<const GpuEvent*> waited;
     for (auto& h : hs) {
       if (h && h->event() != nullptr && h->status().ok()) {
-        h->event()->BlockCurrentStream(h->output(), waited.insert(h->event().get()).second);
+        h->BlockCurrentStream(waited.insert(h->event().get()).second);
       }
     }
   }

@@ -670,5 +670,55 @@ TEST(HandleStateTest, OnCompleteRunsOnceAfterTheResultIsSet) {
   EXPECT_EQ(before, 1);
 }
 
+// A GPU event for HandleState's stream bookkeeping, with no GPU: which stream is
+// "current" is a flag, and the calls are counted.
+class FakeEvent : public GpuEvent {
+ public:
+  explicit FakeEvent(bool on_current) : on_current_(on_current) {}
+  bool Ready() override { return true; }
+  void BlockCurrentStream(const at::Tensor&, bool wait) override { waits += wait ? 1 : 0; }
+  bool OnCurrentStream() override { return on_current_; }
+  void MarkUsedOnStream(const at::Tensor& t) override { marked.push_back(t); }
+  void RunAfter(const std::function<void()>& fn) override { fn(); }
+  int waits = 0;
+  std::vector<at::Tensor> marked;
+
+ private:
+  bool on_current_;
+};
+
+// A GPU op's output (its input, in place) is left to the allocator's own stream only
+// once the stream that made the input waited for the op; a handle that goes without
+// that wait tells the allocator that the op's stream used the output, once.
+TEST(HandleStateTest, OutputIsMarkedUsedOnTheOpsStreamUnlessItsMakerWaited) {
+  const at::Tensor out = at::ones({4});
+  auto done = std::make_shared<FakeEvent>(false);
+  {  // waited from the stream that made the input: nothing to mark
+    HandleState h;
+    h.Complete(Status::Ok(), out, {}, done, std::make_shared<FakeEvent>(true));
+    h.BlockCurrentStream(true);
+  }
+  EXPECT_EQ(done->waits, 1);
+  EXPECT_TRUE(done->marked.empty());
+  {  // waited from another stream
+    HandleState h;
+    h.Complete(Status::Ok(), out, {}, done, std::make_shared<FakeEvent>(false));
+    h.BlockCurrentStream(false);
+  }
+  EXPECT_EQ(done->waits, 1);
+  ASSERT_EQ(done->marked.size(), 1u);
+  EXPECT_TRUE(done->marked[0].is_same(out));
+  {  // never waited (dropped by an elastic reset, say)
+    HandleState h;
+    h.Complete(Status::Ok(), out, {}, done, std::make_shared<FakeEvent>(true));
+  }
+  EXPECT_EQ(done->marked.size(), 2u);
+  {  // the backend guarded the memory itself (no maker's event): nothing to mark
+    HandleState h;
+    h.Complete(Status::Ok(), out, {}, done);
+  }
+  EXPECT_EQ(done->marked.size(), 2u);
+}
+
 }  // namespace
 }  // namespace hvd
