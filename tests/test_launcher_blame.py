@@ -150,7 +150,8 @@ def test_first_failure_is_named_when_the_launcher_looks_late(tmp_path: Path, np_
 # Rank 1 dies slowly: its output (then, in a real crash, its sockets) closes first, its
 # process ends 0.6 s later (on an H100, a SIGKILLed CUDA process closed its stdout
 # and sockets ~0.1 s before the kernel reported it as exited). Its peers notice and
-# exit 1 (0.2 s later: an exception, the interpreter's exit) before it has ended.
+# exit 1 (0.2 s later: an exception, the interpreter's exit) before it has ended; rank
+# 2 0.2 s after rank 0, once the launcher has seen rank 0 fail and waits for rank 1.
 # No horovod involved: plain processes.
 SLOW_DEATH = textwrap.dedent("""
     import os, sys, time
@@ -165,7 +166,7 @@ SLOW_DEATH = textwrap.dedent("""
         os._exit(17)
     while not os.path.exists(flag):
         time.sleep(0.01)
-    time.sleep(0.2)
+    time.sleep(0.4 if os.environ["HOROVOD_RANK"] == "2" else 0.2)
     os._exit(1)
 """)
 

@@ -389,7 +389,8 @@ class Supervisor:
         """The failed workers, the first to fail first. A worker whose output closed
         before the first of them ended may be on its way out (the one that died
         first, its exit still being torn down): it is given up to
-        OUTPUT_CLOSE_WINDOW_S to end, and counts if it fails."""
+        OUTPUT_CLOSE_WINDOW_S to end, and counts if it fails. So does any other
+        worker that failed meanwhile (a peer that lost it, just after our look)."""
         def first_end() -> float:
             return min(w.ended_at or 0.0 for w in failed)
         deadline = time.monotonic() + OUTPUT_CLOSE_WINDOW_S
@@ -404,6 +405,11 @@ class Supervisor:
                     if w.proc.returncode != 0:
                         failed.append(w)
             time.sleep(POLL_INTERVAL_S)
+        for w in self._workers:
+            if w.rank not in finished and w.exited_at is not None:
+                finished.add(w.rank)
+                if w.proc.returncode != 0:
+                    failed.append(w)
         return sorted(failed, key=lambda w: (w.ended_at or 0.0, w.rank))
 
     def _check_started(self) -> Optional[int]:
