@@ -18,8 +18,9 @@ with it; the worker the driver then starts says so in MARKER.late and waits in
 hvd.init() for a generation that never forms, while the training's workers go on for
 4 s (rank 0) or 8 s, as a save would, and then print `SAVED rank=R`; with LATE_FAILS=1
 that new worker exits with status 3 once rank 0's process has ended, as a rendezvous
-that timed out would), REMOVE_TEXT (after the training rank 0 rewrites the discovery file
-with it, to remove another worker's host; every worker waits until the driver has
+that timed out would; with LATE_SLOW_S it sleeps that long inside hvd.init(), before the
+rendezvous, as a slow start would), REMOVE_TEXT (after the training rank 0 rewrites the
+discovery file with it, to remove another worker's host; every worker waits until the driver has
 published the generation without it, then rank 0 ends at once and the others print
 `SAVED rank=R` SAVE_S (default 4) s later, as a save would)."""
 import os
@@ -34,6 +35,15 @@ from tests.workers import edit_hosts_and_wait, report_recovery_once, write_hosts
 
 if os.environ.get("AFTER_TEXT") and os.path.exists(os.environ["EDIT_FILE"] + ".after"):
     open(os.environ["MARKER"] + ".late", "w").close()
+    if os.environ.get("LATE_SLOW_S"):
+        # Inside hvd.init(), after the driver made it a member of the new generation,
+        # before it reaches the rendezvous: a slow start.
+        from horovod_torch import _C
+
+        def _slow_init(*args, _init=_C.init):
+            time.sleep(float(os.environ["LATE_SLOW_S"]))
+            return _init(*args)
+        _C.init = _slow_init
     if os.environ.get("LATE_FAILS") == "1":
         import threading
 

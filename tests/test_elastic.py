@@ -198,19 +198,22 @@ def test_a_worker_failing_after_the_training_fails_the_job(tmp_path):
     assert "exited with code 4 after worker" in out and "Exit code: 4" in out, out
 
 
-@pytest.mark.parametrize("late_fails", [False, True])
-def test_workers_finishing_the_training_are_not_cut_short_by_a_new_host(tmp_path, late_fails):
+@pytest.mark.parametrize("late", ["waits", "fails", "slow"])
+def test_workers_finishing_the_training_are_not_cut_short_by_a_new_host(tmp_path, late):
     """A host added after the last commit forms a generation the training's workers
     never join. Once one of them finishes, the new worker waiting for that generation
     is stopped, but the others finish first (before, they were killed with it, say
     in the middle of saving the model). If that new worker fails meanwhile (its
-    rendezvous timed out), the job does not: it never trained."""
-    rc, out = _run(tmp_path, "localhost:2", {"AFTER_TEXT": "localhost:2;127.0.0.2:1",
-                                             "STEPS": "10", "LATE_FAILS": str(int(late_fails))},
-                   ["-np", "2", "--min-np", "1", "--max-np", "3"], timeout=180)
+    rendezvous timed out), the job does not: it never trained. Nor is it waited for
+    when it has not reached the rendezvous yet (a slow start): only workers of a
+    generation that formed are, up to --elastic-timeout (600 s by default)."""
+    env = {"AFTER_TEXT": "localhost:2;127.0.0.2:1", "STEPS": "10",
+           "LATE_FAILS": str(int(late == "fails")), "LATE_SLOW_S": "300" if late == "slow" else ""}
+    rc, out = _run(tmp_path, "localhost:2", env, ["-np", "2", "--min-np", "1", "--max-np", "3"],
+                   timeout=180)  # (a wait for the slow worker would take 600 s)
     assert rc == 0, out
     assert "generation 1: 3 workers" in out, out
-    if late_fails:
+    if late == "fails":
         assert "exited with code 3" in out and "the job fails" not in out, out
     else:
         assert "finished the training before generation 1 formed" in out, out
