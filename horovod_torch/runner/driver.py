@@ -393,23 +393,22 @@ class Supervisor:
         worker that failed meanwhile (a peer that lost it, just after our look)."""
         def first_end() -> float:
             return min(w.ended_at or 0.0 for w in failed)
+
+        def take_ended(workers: List[Worker]) -> None:
+            for w in workers:
+                if w.rank not in finished and w.exited_at is not None:
+                    finished.add(w.rank)
+                    if w.proc.returncode != 0:
+                        failed.append(w)
         deadline = time.monotonic() + OUTPUT_CLOSE_WINDOW_S
         while time.monotonic() < deadline:
             dying = [w for w in self._workers if w.rank not in finished and
                      w.output_closed_at is not None and w.output_closed_at < first_end()]
             if not dying:
                 break
-            for w in dying:
-                if w.exited_at is not None:
-                    finished.add(w.rank)
-                    if w.proc.returncode != 0:
-                        failed.append(w)
+            take_ended(dying)
             time.sleep(POLL_INTERVAL_S)
-        for w in self._workers:
-            if w.rank not in finished and w.exited_at is not None:
-                finished.add(w.rank)
-                if w.proc.returncode != 0:
-                    failed.append(w)
+        take_ended(self._workers)
         return sorted(failed, key=lambda w: (w.ended_at or 0.0, w.rank))
 
     def _check_started(self) -> Optional[int]:
