@@ -24,9 +24,10 @@ under a CUDA-only torch.profiler (kernels only). Rank 0 prints, in milliseconds 
 
 `--split` adds the host's time in `opt.zero_grad()`, and for the hvd contenders where
 its time in `opt.step()` goes (medians over the timed steps): `synchronize()` in all,
-the part of it in the wait for the gradients' allreduces (`_wait_many`: the wait for
-the background thread to enqueue the last of them, and the stream waits), how many of
-them were not yet enqueued when the wait began, and the wrapped optimizer's own step.
+the part of it in the wait for the gradients' allreduces (`_wait_many`, or with the
+C++ hooks `wait_all()`: the wait for the background thread to enqueue the last of them,
+and the stream waits), for `_wait_many` how many of them were not yet enqueued when the
+wait began, and the wrapped optimizer's own step.
 
 `--trace-dir` keeps each contender's trace (rank 0); with `--cpu` the profile also
 records the host's ops and CUDA calls (slower steps, a larger trace).
@@ -126,7 +127,7 @@ def worker(args):
         row["step"] = (marks[-1][0] - marks[0][0]) / args.steps * 1e3
         row["drain"] = drain * 1e3
         if split is not None:
-            row.update({k: statistics.median(v[-args.steps:]) for k, v in split.items()})
+            row.update({k: statistics.median(v[-args.steps:]) for k, v in split.items() if v})
         # The same number of steps under a CUDA-only profile (no CPU op events, so the
         # host pays less than with them, but still a cost per launch: `profiled step`).
         dist.barrier()
@@ -184,9 +185,21 @@ def _split(opt, hvd_parts):
 
     waiting.unwrapped = wait_many
     module._wait_many = waiting  # (left in place: the next hvd contender replaces it)
+    if opt._native is not None:  # the C++ hooks' step: synchronize() waits in wait_all()
+        opt._native = _NativeTimed(opt._native, _timed(times, "sync wait", opt._native.wait_all))
     opt.synchronize = _timed(times, "sync", synchronize)
     opt._local_step = _timed(times, "local step", local_step)
     return times
+
+
+class _NativeTimed:
+    """The optimizer's _C.GradHooks with its wait_all() timed."""
+
+    def __init__(self, native, wait_all):
+        self._native, self.wait_all = native, wait_all
+
+    def __getattr__(self, name):
+        return getattr(self._native, name)
 
 
 def _timed(times, key, fn):

@@ -190,6 +190,20 @@ def behaviours():
         warnings.simplefilter("always")
         opt3.step()
     assert any("skip_synchronize" in str(x.message) for x in w)
+    # A .grad replaced (not changed in place) or dropped between backward() and
+    # synchronize(): the reduced gradient lands in the new .grad, or becomes .grad.
+    m5 = _model()
+    opt5 = hvd.DistributedOptimizer(torch.optim.SGD(m5.parameters(), lr=0.1),
+                                    named_parameters=m5.named_parameters())
+    xs, ys = _data(1)
+    ((m5(xs * (r + 1)) - ys) ** 2).mean().backward()
+    params5 = list(m5.parameters())
+    want = [hvd.allreduce(p.grad.clone(), name=f"want5.{i}") for i, p in enumerate(params5)]
+    params5[0].grad = torch.full_like(params5[0], 123.0)
+    params5[1].grad = None
+    opt5.synchronize()
+    for p, w in zip(params5, want):
+        assert torch.allclose(p.grad, w, atol=1e-6), (p.grad, w)
     # broadcast_parameters / broadcast_optimizer_state, before and after state exists
     m4 = _model(seed=r)
     opt4 = torch.optim.Adam(m4.parameters(), lr=0.01 * (r + 1))

@@ -78,3 +78,20 @@ def test_memory_of_a_dropped_handle_waits_for_its_op():
                 assert bad == 0, (trial, waited, x.data_ptr() == ptr, bad, x[:2].tolist())
         print("ok")
         """)
+
+
+# DistributedOptimizer on CUDA gradients at one rank (the hooks, the wait for their ops
+# and the write-back run as at N): the workers of tests/test_gpu.py's two-rank tests.
+@pytest.mark.parametrize("target,args,native", [
+    ("exactness", ["sgd", "average", "1", "none", "cuda"], "1"),
+    ("exactness", ["sgd", "average", "1", "none", "cuda"], "0"),
+    ("exactness", ["adam", "sum", "2", "none", "cuda"], "1"),
+    ("exactness", ["adam", "average", "1", "fp16", "cuda"], "1"),
+    ("fp16_wire", ["cuda"], "1"),
+    ("fp16_wire", ["cuda"], "0"),
+    ("amp_gradscaler", [], "1"),
+])
+def test_optimizer_on_one_gpu(target, args, native):
+    from tests.harness import run_workers
+    run_workers(f"tests.optimizer_workers:{target}", 1, args=args, timeout=240,
+                env={"NCCL_NVLS_ENABLE": "0", "HOROVOD_NATIVE_GRAD_HOOKS": native})

@@ -65,8 +65,10 @@ def test_step_with_a_closure_steps_on_reduced_gradients(shard):
     run_workers("tests.optimizer_workers:closures", 2, args=[shard], timeout=90)
 
 
-def test_optimizer_behaviours():
-    run_workers("tests.optimizer_workers:behaviours", 2, timeout=90)
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_optimizer_behaviours(native):
+    run_workers("tests.optimizer_workers:behaviours", 2, timeout=90,
+                env={"HOROVOD_NATIVE_GRAD_HOOKS": native})
 
 
 @pytest.mark.parametrize("size", [2, 4, 3])

@@ -200,6 +200,43 @@ py::list GradHooks::Take() {
   return out;
 }
 
+py::object GradHooks::WaitAll() {
+  State& s = *state_;
+  std::vector<std::shared_ptr<HandleState>> hs(s.params.size());
+  std::vector<at::Tensor> wires(s.params.size());
+  {
+    MutexLock lock(s.mu);
+    if (!s.owners.empty()) return py::none();
+    for (const State::Slot& slot : s.slots) {
+      if (!slot.handle) return py::none();
+    }
+    for (size_t i = 0; i < s.slots.size(); ++i) {
+      hs[i] = std::move(s.slots[i].handle);
+      wires[i] = std::move(s.slots[i].wire_tensor);
+      s.slots[i] = State::Slot();
+    }
+  }
+  WaitForAll(hs);
+  std::vector<at::Tensor> dst, src;
+  for (size_t i = 0; i < hs.size(); ++i) {
+    const Status& st = hs[i]->status();
+    if (!st.ok()) return py::make_tuple(static_cast<int>(st.code()), st.message());
+    const at::Tensor& out = wires[i];
+    at::Tensor& grad = s.params[i].mutable_grad();
+    if (!grad.defined()) {  // dropped since its hook ran: the result becomes .grad
+      grad = out.to(s.params[i].scalar_type());
+    } else if (out.data_ptr() != grad.data_ptr()) {
+      dst.push_back(grad);
+      src.push_back(out.view_as(grad));
+    }
+  }
+  if (!dst.empty()) {
+    py::gil_scoped_release nogil;
+    at::_foreach_copy_(dst, src);
+  }
+  return py::make_tuple(0, "");
+}
+
 void GradHooks::Reset() {
   MutexLock lock(state_->mu);
   for (State::Slot& slot : state_->slots) slot = State::Slot();
@@ -228,6 +265,7 @@ void BindGradHooks(pybind11::module_& m) {
            py::arg("wire"), py::arg("owners") = std::vector<int64_t>(), py::arg("rank") = 0,
            py::arg("set_size") = 0)
       .def("take", &GradHooks::Take)
+      .def("wait_all", &GradHooks::WaitAll)
       .def("reset", &GradHooks::Reset)
       .def("in_flight", &GradHooks::InFlight)
       .def("set_passes_per_step", &GradHooks::SetPassesPerStep);

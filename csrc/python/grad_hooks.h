@@ -41,6 +41,14 @@ class GradHooks {
   // [(parameter index, handle, the tensor reduced)] of the allreduces the hooks
   // started since the last Reset(); the handles go to the handle table.
   pybind11::list Take();
+  // synchronize()'s whole work in the common step, without a Python call per
+  // gradient: when the hooks started every parameter's allreduce, waits for them all
+  // (WaitForAll: the caller's stream then waits for them on the GPU) and writes
+  // results that are not already .grad (a CPU gradient's cast) into .grad; returns
+  // (0, "") or the (code, message) of the first op that failed. None, with nothing
+  // taken, when a parameter's op is not started (no gradient this step, sparse,
+  // non-contiguous) or the ops are reduce-scatters: synchronize() then Take()s them.
+  pybind11::object WaitAll();
   // Forgets pass counts and started allreduces (after synchronize, or an elastic reset).
   void Reset();
   bool InFlight();

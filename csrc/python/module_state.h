@@ -56,6 +56,12 @@ void NoteWaitSite(const std::string& name, const std::string& site);
 // Tells the runtime, if any, where a wait as long as a straggler's lag happened.
 void NoteLongWaitSite(const std::string& site);
 
+// Waits for every op of `hs` (null entries are skipped) as _C.wait_many does: with
+// the GIL released while one is not done, interruptible by Python's signals (then
+// py::error_already_set), each op's name freed; then the caller's current stream
+// waits once per done event of the ops that succeeded. Called with the GIL held.
+void WaitForAll(const std::vector<std::shared_ptr<HandleState>>& hs);
+
 void BindWaits(pybind11::module_& m);      // waits.cc: poll, wait, wait_many, release
 void BindStore(pybind11::module_& m);      // store_bindings.cc: StoreServer, StoreClient
 void BindGradHooks(pybind11::module_& m);  // grad_hooks.cc: GradHooks, PassCounter

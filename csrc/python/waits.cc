@@ -149,19 +149,7 @@ py::list WaitMany(const std::vector<int>& handles) {
     hs[i] = Handles().Find(handles[i]);
     if (hs[i]) Handles().Release(handles[i]);
   }
-  const double spin = CurrentWaitSettings().spin_us;
-  for (auto& h : hs) {
-    if (h) WaitInterruptibly(*h, spin);
-  }
-  {
-    py::gil_scoped_release nogil;
-    std::unordered_set<const GpuEvent*> waited;
-    for (auto& h : hs) {
-      if (h && h->event() != nullptr && h->status().ok()) {
-        h->BlockCurrentStream(waited.insert(h->event().get()).second);
-      }
-    }
-  }
+  WaitForAll(hs);
   py::list out;
   for (auto& h : hs) {
     if (h) {
@@ -174,6 +162,20 @@ py::list WaitMany(const std::vector<int>& handles) {
 }
 
 }  // namespace
+
+void WaitForAll(const std::vector<std::shared_ptr<HandleState>>& hs) {
+  const double spin = CurrentWaitSettings().spin_us;
+  for (auto& h : hs) {
+    if (h) WaitInterruptibly(*h, spin);
+  }
+  py::gil_scoped_release nogil;
+  std::unordered_set<const GpuEvent*> waited;
+  for (auto& h : hs) {
+    if (h && h->event() != nullptr && h->status().ok()) {
+      h->BlockCurrentStream(waited.insert(h->event().get()).second);
+    }
+  }
+}
 
 void BindWaits(py::module_& m) {
   m.def("poll", &Poll);

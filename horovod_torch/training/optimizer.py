@@ -10,7 +10,7 @@ import torch
 
 from horovod_torch import _C
 from horovod_torch.collectives.adasum import check_size as _check_adasum_size
-from horovod_torch.engine.basics import Adasum, Average, Sum
+from horovod_torch.engine.basics import Adasum, Average, Sum, raise_for_status
 from horovod_torch.collectives.compression import Compression, NoneCompressor, _CastCompressor
 from horovod_torch.collectives.ops import allreduce_async_, grouped_allreduce_async_
 from horovod_torch.collectives.process_sets import ProcessSet, _ps_id, global_process_set
@@ -214,6 +214,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._synchronized = True
             return
         try:
+            if self._native is not None and not self._handles:
+                # The common step, all in C++: every gradient's op came from the hooks.
+                failure = self._native.wait_all()
+                if failure is not None:
+                    raise_for_status(*failure)
+                    self._synchronized = True
+                    return
             if self._native is not None:
                 params = self._requires_update
                 for i, h, wire in self._native.take():
@@ -249,6 +256,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 is _CastCompressor.decompress.__func__)
         dst, src = [], []
         for (p, ctx), out in zip(dense, outs):
+            if p.grad is None:  # dropped since its reduction started: the result becomes .grad
+                p.grad = torch.zeros_like(p)
             if cast and isinstance(ctx, torch.dtype) and out.dtype != ctx:
                 dst.append(p.grad)
                 src.append(out.view_as(p.grad))
