@@ -185,7 +185,7 @@ def _split(opt, hvd_parts):
 
     waiting.unwrapped = wait_many
     module._wait_many = waiting  # (left in place: the next hvd contender replaces it)
-    if opt._native is not None:  # the C++ hooks' step: synchronize() waits in wait_all()
+    if hasattr(opt._native, "wait_all"):  # the C++ hooks' step: synchronize() waits there
         opt._native = _NativeTimed(opt._native, _timed(times, "sync wait", opt._native.wait_all))
     opt.synchronize = _timed(times, "sync", synchronize)
     opt._local_step = _timed(times, "local step", local_step)
