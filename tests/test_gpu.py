@@ -242,6 +242,13 @@ def test_torch_distributed_collectives_match_nccl(direct):
     assert all(f"OK rank={r.rank}" in r.output for r in results)
 
 
+def test_torch_distributed_premul_sum_on_gpu():
+    from tests.test_torch_distributed import _run
+    results = _run("tests.torch_distributed_workers:premul_sum", 2, ["cuda"], env=GPU_ENV,
+                   timeout=240)
+    assert all(f"OK rank={r.rank}" in r.output for r in results)
+
+
 @pytest.mark.parametrize("direct", ["1", "0"])
 def test_torch_distributed_ddp_trains_as_on_nccl(direct):
     import re

@@ -95,3 +95,11 @@ def test_optimizer_on_one_gpu(target, args, native):
     from tests.harness import run_workers
     run_workers(f"tests.optimizer_workers:{target}", 1, args=args, timeout=240,
                 env={"NCCL_NVLS_ENABLE": "0", "HOROVOD_NATIVE_GRAD_HOOKS": native})
+
+
+def test_premul_sum_on_cuda_tensors():
+    # PREMUL_SUM runs as an engine op (csrc/python/c10d_backend.cc), not on the group's
+    # own NCCL communicator.
+    from tests.test_torch_distributed import _run as run_dist
+    run_dist("tests.torch_distributed_workers:premul_sum", 1, ["cuda"], timeout=180,
+             env={"NCCL_NVLS_ENABLE": "0"})

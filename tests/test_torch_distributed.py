@@ -74,6 +74,22 @@ def test_fsdp2_matches_one_process(size):
         assert float(m.group(1)) < 1e-4, describe(results)
 
 
+@pytest.mark.parametrize("size", [2, 3])
+def test_premul_sum_scales_each_ranks_tensor_before_the_sum(size):
+    results = _run("tests.torch_distributed_workers:premul_sum", size)
+    assert all(f"OK rank={r.rank}" in r.output for r in results), describe(results)
+
+
+def test_fsdp2_with_a_gradient_divide_factor_matches_one_process():
+    # FSDP2 reduce-scatters with PREMUL_SUM(1 / factor) then (gloo refuses it).
+    results = _run("tests.torch_distributed_workers:fsdp2", 2, ["cpu", "10", "1", "8"],
+                   timeout=180)
+    for r in results:
+        m = re.search(r"FSDP2 rank=\d+ size=2 replicas=1 diff=(\S+)", r.output)
+        assert m, describe(results)
+        assert float(m.group(1)) < 1e-4, describe(results)
+
+
 def test_fsdp2_hsdp_on_a_2d_device_mesh_matches_one_process():
     results = _run("tests.torch_distributed_workers:fsdp2", 4, ["cpu", "10", "2"], timeout=240)
     for r in results:

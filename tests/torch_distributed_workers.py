@@ -171,6 +171,28 @@ def _check_collectives(device: str, group, gloo) -> None:
     print(f"REPEATS rank={dist.get_rank()} value={t[0].item()}", flush=True)
 
 
+def premul_sum(device: str = "cpu") -> None:
+    """PREMUL_SUM (FSDP2's reduction with a gradient divide factor; gloo has none): the
+    sum of the ranks' tensors each multiplied by the factor, given as a float or as a
+    one-element tensor, in all_reduce, reduce_scatter_tensor and reduce_scatter."""
+    rank, size = _init(device)
+    dev = torch.get_default_device()
+    x = torch.arange(size * 4, dtype=torch.float32) * (rank + 1)
+    full = torch.arange(size * 4, dtype=torch.float32) * (size * (size + 1) / 2)
+    for op in [dist._make_nccl_premul_sum(0.25),
+               dist._make_nccl_premul_sum(torch.tensor(0.25, device=dev))]:
+        y = x.clone()
+        dist.all_reduce(y, op=op)
+        torch.testing.assert_close(y, full * 0.25)
+        out = torch.empty(4)
+        dist.reduce_scatter_tensor(out, x, op=op)
+        torch.testing.assert_close(out, full[rank * 4:(rank + 1) * 4] * 0.25)
+        dist.reduce_scatter(out, list(x.chunk(size)), op=op)
+        torch.testing.assert_close(out, full[rank * 4:(rank + 1) * 4] * 0.25)
+    dist.destroy_process_group()
+    print(f"OK rank={rank}", flush=True)
+
+
 def subgroups(device: str = "cpu") -> None:
     """Groups over subsets of the ranks (3 or more ranks): every collective in a group
     against gloo's group of the same ranks; groups that overlap, two groups of the same
@@ -494,12 +516,14 @@ def ddp(device: str = "cpu", steps: str = "20") -> None:
     dist.destroy_process_group()
 
 
-def fsdp2(device: str = "cpu", steps: str = "10", replicas: str = "1") -> None:
+def fsdp2(device: str = "cpu", steps: str = "10", replicas: str = "1", divide: str = "0") -> None:
     """A small transformer under FSDP2's fully_shard on "hvd" against the same model
     trained in this process alone on the whole batch: equal within rounding. With
     `replicas` > 1, HSDP: a 2-D device mesh (replicas x size / replicas), parameters
     sharded within a row and replicated across rows (the mesh's dimensions are groups
-    over subsets of the ranks)."""
+    over subsets of the ranks). With `divide` (not 0), the summed gradients are divided
+    by it instead of the rank count (`set_gradient_divide_factor`: FSDP2 reduce-scatters
+    with PREMUL_SUM), and the reference's loss is scaled to match."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     rank, size = _init(device)
@@ -518,6 +542,11 @@ def fsdp2(device: str = "cpu", steps: str = "10", replicas: str = "1") -> None:
     for layer in sharded:
         fully_shard(layer, mesh=mesh)
     fully_shard(sharded, mesh=mesh)
+    scale = 1.0
+    if float(divide):
+        for m in [*sharded, sharded]:
+            m.set_gradient_divide_factor(float(divide))
+        scale = size / float(divide)
     # SGD: Adam's normalised steps would magnify rounding into the result.
     opt_ref = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
     opt = torch.optim.SGD(sharded.parameters(), lr=0.05, momentum=0.9)
@@ -527,7 +556,7 @@ def fsdp2(device: str = "cpu", steps: str = "10", replicas: str = "1") -> None:
         x = torch.randn(per_rank * size, 6, 32, generator=g, device="cpu").to(mesh.device_type)
         y = torch.randn(per_rank * size, 6, 8, generator=g, device="cpu").to(mesh.device_type)
         opt_ref.zero_grad()
-        torch.nn.functional.mse_loss(ref(x), y).backward()
+        (torch.nn.functional.mse_loss(ref(x), y) * scale).backward()
         opt_ref.step()
         mine = slice(rank * per_rank, (rank + 1) * per_rank)
         opt.zero_grad()
@@ -564,7 +593,7 @@ def errors() -> None:
     try:
         dist.all_reduce(t, op=dist.ReduceOp.BAND)
     except Exception as exc:  # noqa: BLE001  (its type is torch's)
-        assert "SUM, AVG, MIN, MAX and PRODUCT" in str(exc), exc
+        assert "SUM, AVG, MIN, MAX, PRODUCT and PREMUL_SUM" in str(exc), exc
     else:
         raise AssertionError("BAND did not raise")
     try:

@@ -29,22 +29,35 @@
 namespace hvd {
 namespace {
 
-ReduceOp OurOp(const c10d::ReduceOp& op, const char* what) {
+// A torch.distributed reduction as the engine's op and the factor each rank's input
+// is multiplied by first (PREMUL_SUM: a sum of the scaled inputs, as NCCL's).
+struct Reduction {
+  ReduceOp op;
+  double prescale = 1.0;
+};
+
+Reduction OurOp(const c10d::ReduceOp& op, const char* what) {
   switch (op.op_) {
     case c10d::ReduceOp::SUM:
-      return ReduceOp::kSum;
+      return {ReduceOp::kSum};
     case c10d::ReduceOp::AVG:
-      return ReduceOp::kAverage;
+      return {ReduceOp::kAverage};
     case c10d::ReduceOp::MIN:
-      return ReduceOp::kMin;
+      return {ReduceOp::kMin};
     case c10d::ReduceOp::MAX:
-      return ReduceOp::kMax;
+      return {ReduceOp::kMax};
     case c10d::ReduceOp::PRODUCT:
-      return ReduceOp::kProduct;
+      return {ReduceOp::kProduct};
+    case c10d::ReduceOp::PREMUL_SUM: {
+      const auto* factor = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+      if (factor == nullptr) Fail(std::string(what) + ": PREMUL_SUM without its factor");
+      if (!factor->tensor_factor.defined()) return {ReduceOp::kSum, factor->double_factor};
+      return {ReduceOp::kSum, factor->tensor_factor.item<double>()};
+    }
     default:
       Fail(std::string(what) +
-           ": only ReduceOp SUM, AVG, MIN, MAX and PRODUCT are supported (not BAND, BOR, "
-           "BXOR or PREMUL_SUM)");
+           ": only ReduceOp SUM, AVG, MIN, MAX, PRODUCT and PREMUL_SUM are supported (not "
+           "BAND, BOR or BXOR)");
   }
 }
 
@@ -83,7 +96,7 @@ class HvdBackend : public c10d::Backend {
                          tensors);
     }
     return Run(c10d::OpType::BROADCAST, "broadcast",
-               EachTensor(OpType::kBroadcast, "broadcast", tensors, ReduceOp::kSum,
+               EachTensor(OpType::kBroadcast, "broadcast", tensors, {ReduceOp::kSum},
                           static_cast<int32_t>(opts.rootRank), false),
                tensors, nullptr);
   }
@@ -224,7 +237,9 @@ class HvdBackend : public c10d::Backend {
     }
     at::Tensor out = outputs[0];
     Submission s = Sub(OpType::kReducescatter, at::cat(flat));
-    s.request.op = OurOp(opts.reduceOp, "reduce_scatter");
+    const Reduction r = OurOp(opts.reduceOp, "reduce_scatter");
+    s.request.op = r.op;
+    s.request.prescale = r.prescale;
     return Run(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", {std::move(s)}, outputs,
                [out](const auto& h) mutable { out.view({-1}).copy_(h[0]->output().view({-1})); });
   }
@@ -342,10 +357,11 @@ class HvdBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> Allreduce(c10d::OpType type, const char* what,
                                            std::vector<at::Tensor>& tensors,
                                            const c10d::ReduceOp& op) {
-    const ReduceOp ours = OurOp(op, what);
-    if (direct_.Takes(tensors, &ours)) {
-      return direct_.Run(
-          type, what, C10dDirect::InPlace(DirectOp::Kind::kAllreduce, tensors, ours, 0), tensors);
+    const Reduction ours = OurOp(op, what);
+    if (ours.prescale == 1.0 && direct_.Takes(tensors, &ours.op)) {
+      return direct_.Run(type, what,
+                         C10dDirect::InPlace(DirectOp::Kind::kAllreduce, tensors, ours.op, 0),
+                         tensors);
     }
     return Run(type, what, EachTensor(OpType::kAllreduce, what, tensors, ours, 0, false), tensors,
                nullptr);
@@ -354,13 +370,14 @@ class HvdBackend : public c10d::Backend {
   // One op per tensor, its result written back into the tensor (discard_result: into a
   // scratch tensor, the tensor left as it was).
   std::vector<Submission> EachTensor(OpType type, const char* what,
-                                     const std::vector<at::Tensor>& tensors, ReduceOp op,
+                                     const std::vector<at::Tensor>& tensors, Reduction op,
                                      int32_t root, bool discard_result) const {
     std::vector<Submission> subs;
     for (const auto& t : tensors) {
       CheckDense(t, what);
       Submission s = Sub(type, t);
-      s.request.op = op;
+      s.request.op = op.op;
+      s.request.prescale = op.prescale;
       s.request.root = root;
       s.output = discard_result ? at::empty_like(t) : t;
       subs.push_back(std::move(s));
@@ -398,7 +415,7 @@ class HvdBackend : public c10d::Backend {
                                                    std::vector<at::Tensor>& inputs,
                                                    const c10d::ReduceScatterOptions& opts) {
     if (outputs.size() != inputs.size()) Fail(std::string(what) + ": one output per input");
-    const ReduceOp op = OurOp(opts.reduceOp, what);
+    const Reduction op = OurOp(opts.reduceOp, what);
     std::vector<Submission> subs;
     for (size_t i = 0; i < inputs.size(); ++i) {
       CheckDense(inputs[i], what);
@@ -407,11 +424,13 @@ class HvdBackend : public c10d::Backend {
         Fail(std::string(what) + ": the input must hold the group size times the output");
       }
       Submission s = Sub(OpType::kReducescatter, inputs[i].view({-1}));
-      s.request.op = op;
+      s.request.op = op.op;
+      s.request.prescale = op.prescale;
       subs.push_back(std::move(s));
     }
     std::vector<DirectOp> ops;
-    if (direct_.Pairs(DirectOp::Kind::kReducescatter, inputs, outputs, &op, &ops)) {
+    if (op.prescale == 1.0 &&
+        direct_.Pairs(DirectOp::Kind::kReducescatter, inputs, outputs, &op.op, &ops)) {
       return direct_.Run(type, what, std::move(ops), outputs);
     }
     std::vector<at::Tensor> outs = outputs;
