@@ -80,6 +80,20 @@ def test_premul_sum_scales_each_ranks_tensor_before_the_sum(size):
     assert all(f"OK rank={r.rank}" in r.output for r in results), describe(results)
 
 
+@pytest.mark.parametrize("late,wait_all,named", [("1", "0", "Rank 1 failed"),
+                                                  ("1,2", "0", "Rank 1 failed"),
+                                                  ("1,2", "1", "Ranks 1, 2 failed")])
+def test_monitored_barrier_names_the_ranks_that_did_not_reach_it(late, wait_all, named):
+    results = _run("tests.torch_distributed_workers:monitored_barrier", 3, [late, wait_all],
+                   timeout=120)
+    assert all(f"OK rank={r.rank}" in r.output for r in results), describe(results)
+    assert (f"[Rank 0]: {named} to pass monitoredBarrier in 500 ms"
+            in results[0].output), describe(results)
+    for r in results[1:]:
+        assert (f"Rank {r.rank} reached monitored_barrier, but rank 0 did not answer"
+                in r.output), describe(results)
+
+
 def test_fsdp2_with_a_gradient_divide_factor_matches_one_process():
     # FSDP2 reduce-scatters with PREMUL_SUM(1 / factor) then (gloo refuses it).
     results = _run("tests.torch_distributed_workers:fsdp2", 2, ["cpu", "10", "1", "8"],

@@ -193,6 +193,30 @@ def premul_sum(device: str = "cpu") -> None:
     print(f"OK rank={rank}", flush=True)
 
 
+def monitored_barrier(late: str, wait_all: str) -> None:
+    """dist.monitored_barrier: passes when every rank comes in time; when the ranks in
+    `late` (comma-separated) come 2 s late for a 0.5 s timeout, rank 0 raises naming the
+    first of them (all of them with wait_all "1") and the others raise as rank 0 did not
+    answer; the group then goes on working."""
+    from datetime import timedelta
+    rank, size = _init()
+    dist.monitored_barrier(timeout=timedelta(seconds=30))
+    if rank in [int(r) for r in late.split(",")]:
+        time.sleep(2)
+    try:
+        dist.monitored_barrier(timeout=timedelta(seconds=0.5), wait_all_ranks=wait_all == "1")
+    except Exception as exc:  # noqa: BLE001  (torch's DistBackendError)
+        print(f"MONITORED rank={rank} {exc}", flush=True)
+    else:
+        raise AssertionError("monitored_barrier passed with late ranks")
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    _same(t, torch.full((2,), float(size)), "all_reduce after monitored_barrier")
+    dist.monitored_barrier(timeout=timedelta(seconds=30))
+    dist.destroy_process_group()
+    print(f"OK rank={rank}", flush=True)
+
+
 def subgroups(device: str = "cpu") -> None:
     """Groups over subsets of the ranks (3 or more ranks): every collective in a group
     against gloo's group of the same ranks; groups that overlap, two groups of the same

@@ -21,6 +21,8 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <algorithm>
+#include <chrono>
+#include <limits>
 
 #include "python/c10d_calls.h"
 #include "python/c10d_direct.h"
@@ -83,6 +85,7 @@ class HvdBackend : public c10d::Backend {
              std::string group)
       : c10d::Backend(rank, size),
         process_set_id_(process_set_id),
+        timeout_(timeout),
         calls_(timeout, group),
         direct_(rank, size, process_set_id, &calls_) {}
   const std::string getBackendName() const override { return "hvd"; }
@@ -338,6 +341,62 @@ class HvdBackend : public c10d::Backend {
     return PointToPoint(c10d::OpType::RECVANYSOURCE, "recv", tensors, -1, getRank(), tag);
   }
 
+  // dist.monitored_barrier, as gloo's: every other rank sends rank 0 a token and waits
+  // for its answer; rank 0 waits up to the timeout for the tokens and raises naming the
+  // first rank whose token did not come (every such rank, with wait_all_ranks), else
+  // answers them all. A rank that does not get the answer in time raises too. Sends
+  // and receives of one byte, with a tag of the call's own (k-th call, k-th tag), so
+  // that what a failed call left pending never pairs with a later call's.
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override {
+    const int tag = std::numeric_limits<int>::min() + static_cast<int>(monitored_++ % (1 << 30));
+    const auto limit = opts.timeout.count() >= 0 ? opts.timeout : timeout_;
+    const auto until = std::chrono::steady_clock::now() + limit;
+    const auto left = [until] {
+      return std::max(std::chrono::milliseconds(1),
+                      std::chrono::duration_cast<std::chrono::milliseconds>(
+                          until - std::chrono::steady_clock::now()));
+    };
+    auto token = [] { return std::vector<at::Tensor>{at::zeros({1}, at::kByte)}; };
+    if (getRank() != 0) {
+      try {
+        auto sent = token(), answer = token();
+        send(sent, 0, tag)->wait(left());
+        recv(answer, 0, tag)->wait(left());
+      } catch (const std::exception& e) {
+        Fail("Rank " + std::to_string(getRank()) +
+             " reached monitored_barrier, but rank 0 did not answer within " +
+             std::to_string(limit.count()) +
+             " ms: rank 0's error names the ranks that did not reach it (" + e.what() + ")");
+      }
+      return;
+    }
+    std::vector<std::vector<at::Tensor>> tokens;
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    for (int r = 1; r < getSize(); ++r) {
+      tokens.push_back(token());
+      works.push_back(recv(tokens.back(), r, tag));
+    }
+    std::vector<int> missing;
+    for (int r = 1; r < getSize(); ++r) {
+      try {
+        works[static_cast<size_t>(r - 1)]->wait(left());
+      } catch (const std::exception&) {
+        missing.push_back(r);
+        if (!wait_all_ranks) break;
+      }
+    }
+    if (!missing.empty()) {
+      std::string ranks;
+      for (int r : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+      Fail("[Rank 0]: Rank" + std::string(missing.size() > 1 ? "s " : " ") + ranks +
+           " failed to pass monitoredBarrier in " + std::to_string(limit.count()) + " ms");
+    }
+    for (int r = 1; r < getSize(); ++r) {
+      auto answer = token();
+      send(answer, r, tag)->wait(left());
+    }
+  }
+
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
     ControlOp barrier;
     barrier.kind = ControlKind::kBarrier;
@@ -474,7 +533,9 @@ class HvdBackend : public c10d::Backend {
     return calls_.Run(type, what, std::move(subs), std::move(outputs), std::move(finish), p2p);
   }
 
-  const int32_t process_set_id_;  // 0: the global set
+  const int32_t process_set_id_;             // 0: the global set
+  const std::chrono::milliseconds timeout_;  // the group's
+  uint64_t monitored_ = 0;                   // monitored barriers called so far
   C10dCalls calls_;
   C10dDirect direct_;  // CUDA calls enqueued by the caller
 };
