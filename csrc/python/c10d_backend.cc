@@ -4,13 +4,12 @@
 // fusion, transports, NCCL, timeline and stall report as hvd.* calls, with which it
 // may be mixed.
 //
-// Naming and submission: c10d_calls.h.
+// Naming and submission: c10d_calls.h; completion: c10d_work.h; dist.monitored_barrier:
+// c10d_monitored.h.
 //
 // Groups: the default group runs on the runtime's global process set; a group over a
 // subset of ranks (new_group) on a process set that its members registered when torch
 // created it (horovod_torch/integrations/torch_distributed.py).
-//
-// Completion: c10d_work.h.
 //
 // CUDA tensors: all-reduce, broadcast, all-gather into a tensor and reduce-scatter
 // from one go to the group's own NCCL communicator (c10d_direct.h) unless
@@ -22,46 +21,14 @@
 
 #include <algorithm>
 #include <chrono>
-#include <limits>
 
 #include "python/c10d_calls.h"
 #include "python/c10d_direct.h"
+#include "python/c10d_monitored.h"
 #include "python/module_state.h"
 
 namespace hvd {
 namespace {
-
-// A torch.distributed reduction as the engine's op and the factor each rank's input
-// is multiplied by first (PREMUL_SUM: a sum of the scaled inputs, as NCCL's).
-struct Reduction {
-  ReduceOp op;
-  double prescale = 1.0;
-};
-
-Reduction OurOp(const c10d::ReduceOp& op, const char* what) {
-  switch (op.op_) {
-    case c10d::ReduceOp::SUM:
-      return {ReduceOp::kSum};
-    case c10d::ReduceOp::AVG:
-      return {ReduceOp::kAverage};
-    case c10d::ReduceOp::MIN:
-      return {ReduceOp::kMin};
-    case c10d::ReduceOp::MAX:
-      return {ReduceOp::kMax};
-    case c10d::ReduceOp::PRODUCT:
-      return {ReduceOp::kProduct};
-    case c10d::ReduceOp::PREMUL_SUM: {
-      const auto* factor = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
-      if (factor == nullptr) Fail(std::string(what) + ": PREMUL_SUM without its factor");
-      if (!factor->tensor_factor.defined()) return {ReduceOp::kSum, factor->double_factor};
-      return {ReduceOp::kSum, factor->tensor_factor.item<double>()};
-    }
-    default:
-      Fail(std::string(what) +
-           ": only ReduceOp SUM, AVG, MIN, MAX, PRODUCT and PREMUL_SUM are supported (not "
-           "BAND, BOR or BXOR)");
-  }
-}
 
 void CheckDense(const at::Tensor& t, const char* what) {
   if (!t.defined()) Fail(std::string(what) + ": a tensor is undefined");
@@ -341,60 +308,9 @@ class HvdBackend : public c10d::Backend {
     return PointToPoint(c10d::OpType::RECVANYSOURCE, "recv", tensors, -1, getRank(), tag);
   }
 
-  // dist.monitored_barrier, as gloo's: every other rank sends rank 0 a token and waits
-  // for its answer; rank 0 waits up to the timeout for the tokens and raises naming the
-  // first rank whose token did not come (every such rank, with wait_all_ranks), else
-  // answers them all. A rank that does not get the answer in time raises too. Sends
-  // and receives of one byte, with a tag of the call's own (k-th call, k-th tag), so
-  // that what a failed call left pending never pairs with a later call's.
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override {
-    const int tag = std::numeric_limits<int>::min() + static_cast<int>(monitored_++ % (1 << 30));
-    const auto limit = opts.timeout.count() >= 0 ? opts.timeout : timeout_;
-    const auto until = std::chrono::steady_clock::now() + limit;
-    const auto left = [until] {
-      return std::max(std::chrono::milliseconds(1),
-                      std::chrono::duration_cast<std::chrono::milliseconds>(
-                          until - std::chrono::steady_clock::now()));
-    };
-    auto token = [] { return std::vector<at::Tensor>{at::zeros({1}, at::kByte)}; };
-    if (getRank() != 0) {
-      try {
-        auto sent = token(), answer = token();
-        send(sent, 0, tag)->wait(left());
-        recv(answer, 0, tag)->wait(left());
-      } catch (const std::exception& e) {
-        Fail("Rank " + std::to_string(getRank()) +
-             " reached monitored_barrier, but rank 0 did not answer within " +
-             std::to_string(limit.count()) +
-             " ms: rank 0's error names the ranks that did not reach it (" + e.what() + ")");
-      }
-      return;
-    }
-    std::vector<std::vector<at::Tensor>> tokens;
-    std::vector<c10::intrusive_ptr<c10d::Work>> works;
-    for (int r = 1; r < getSize(); ++r) {
-      tokens.push_back(token());
-      works.push_back(recv(tokens.back(), r, tag));
-    }
-    std::vector<int> missing;
-    for (int r = 1; r < getSize(); ++r) {
-      try {
-        works[static_cast<size_t>(r - 1)]->wait(left());
-      } catch (const std::exception&) {
-        missing.push_back(r);
-        if (!wait_all_ranks) break;
-      }
-    }
-    if (!missing.empty()) {
-      std::string ranks;
-      for (int r : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-      Fail("[Rank 0]: Rank" + std::string(missing.size() > 1 ? "s " : " ") + ranks +
-           " failed to pass monitoredBarrier in " + std::to_string(limit.count()) + " ms");
-    }
-    for (int r = 1; r < getSize(); ++r) {
-      auto answer = token();
-      send(answer, r, tag)->wait(left());
-    }
+    MonitoredBarrier(*this, opts.timeout.count() >= 0 ? opts.timeout : timeout_, monitored_++,
+                     wait_all_ranks);
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {

@@ -5,6 +5,32 @@
 #include "python/module_state.h"
 
 namespace hvd {
+
+Reduction OurOp(const c10d::ReduceOp& op, const char* what) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM:
+      return {ReduceOp::kSum};
+    case c10d::ReduceOp::AVG:
+      return {ReduceOp::kAverage};
+    case c10d::ReduceOp::MIN:
+      return {ReduceOp::kMin};
+    case c10d::ReduceOp::MAX:
+      return {ReduceOp::kMax};
+    case c10d::ReduceOp::PRODUCT:
+      return {ReduceOp::kProduct};
+    case c10d::ReduceOp::PREMUL_SUM: {
+      const auto* factor = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+      if (factor == nullptr) Fail(std::string(what) + ": PREMUL_SUM without its factor");
+      if (!factor->tensor_factor.defined()) return {ReduceOp::kSum, factor->double_factor};
+      return {ReduceOp::kSum, factor->tensor_factor.item<double>()};
+    }
+    default:
+      Fail(std::string(what) +
+           ": only ReduceOp SUM, AVG, MIN, MAX, PRODUCT and PREMUL_SUM are supported (not "
+           "BAND, BOR or BXOR)");
+  }
+}
+
 namespace {
 
 // A group name without dots (core/c10d_names.h reads the slot after the first one).

@@ -13,6 +13,7 @@
 #ifndef HOROVOD_TORCH_PYTHON_C10D_CALLS_H_
 #define HOROVOD_TORCH_PYTHON_C10D_CALLS_H_
 
+#include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <chrono>
@@ -28,6 +29,16 @@
 #include "python/c10d_work.h"
 
 namespace hvd {
+
+// A torch.distributed reduction as the engine's op and the factor each rank's input
+// is multiplied by first (PREMUL_SUM: a sum of the scaled inputs, as NCCL's).
+struct Reduction {
+  ReduceOp op;
+  double prescale = 1.0;
+};
+
+// `op` as a Reduction; an error naming `what` for the ops the engine has not.
+Reduction OurOp(const c10d::ReduceOp& op, const char* what);
 
 // Copies a call's results from its ops' handles into the caller's tensors.
 using Finish = std::function<void(const std::vector<std::shared_ptr<HandleState>>&)>;
