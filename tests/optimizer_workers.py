@@ -196,9 +196,13 @@ def behaviours():
     opt5 = hvd.DistributedOptimizer(torch.optim.SGD(m5.parameters(), lr=0.1),
                                     named_parameters=m5.named_parameters())
     xs, ys = _data(1)
+    # The expected sums come from a plain copy of the model: m5's .grad is in
+    # flight (reduced in place) until synchronize(), so reading it here races.
+    ref5 = _model()
+    ((ref5(xs * (r + 1)) - ys) ** 2).mean().backward()
+    want = [hvd.allreduce(p.grad, name=f"want5.{i}") for i, p in enumerate(ref5.parameters())]
     ((m5(xs * (r + 1)) - ys) ** 2).mean().backward()
     params5 = list(m5.parameters())
-    want = [hvd.allreduce(p.grad.clone(), name=f"want5.{i}") for i, p in enumerate(params5)]
     params5[0].grad = torch.full_like(params5[0], 123.0)
     params5[1].grad = None
     opt5.synchronize()
