@@ -236,3 +236,19 @@ def test_a_rank_that_crashes_fails_the_others_at_once():
         m = re.search(r"FAILED rank=\d after=([\d.]+) (\w+)", r.output)
         assert m and m.group(2) == "DistBackendError", describe(results)
         assert float(m.group(1)) < 20, describe(results)
+
+
+def test_a_script_that_never_imports_horovod_torch_gets_hvd_from_torch():
+    # torch's "torch.backends" entry point registers the name on `import torch`; the
+    # backend's module and the extension load only when the group is created.
+    results = _run("tests.c10d_plain_workers:plain_script", 2)
+    for r in results:
+        assert (f"PLAIN rank={r.rank} backend=hvd sum=3.0 engine=True before_init=[]"
+                in r.output), describe(results)
+    # torch's switch for its entry points turns it off.
+    code = "import torch.distributed as d; print(hasattr(d.Backend, 'HVD'))"
+    for autoload, want in (("1", "True"), ("0", "False")):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": autoload},
+                             timeout=120)
+        assert out.stdout.strip() == want, (autoload, out.stdout, out.stderr)

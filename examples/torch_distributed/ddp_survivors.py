@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import horovod_torch.torch_distributed  # noqa: F401  (registers "hvd")
+import horovod_torch.torch_distributed  # noqa: F401  (registers "hvd" where torch did not)
 
 
 def free_port() -> int:

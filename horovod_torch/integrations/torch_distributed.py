@@ -1,8 +1,10 @@
 """The torch.distributed backend "hvd": ``dist.init_process_group("hvd")`` runs DDP,
 FSDP2 and plain ``dist.*`` calls on this package's engine (docs/torch_distributed.md).
 
-Importing this module (or any of horovod_torch's API: ``import horovod.torch as hvd``)
-registers the backend for CPU and CUDA tensors. The collectives are in C++
+torch registers the backend for CPU and CUDA tensors on ``import torch``, through this
+package's entry point (c10d_autoload.py), which loads this module when a group is first
+created; importing this module (or any of horovod_torch's API: ``import horovod.torch as
+hvd``) registers it too, for a torch whose entry points are off. The collectives are in C++
 (csrc/python/c10d_backend.cc); this module brings the engine up when the group is
 created:
 
