@@ -11,6 +11,9 @@ tests.workers.edit_hosts_and_wait), LATE_INIT_S (a worker started after the
 kill waits that long before hvd.init(), as a slow start would), DIE_IN_INIT (the first
 worker started after the kill dies inside hvd.init()), SLOW_HOST/SLOW_S (the workers
 on that host, by its horovodrun name, sleep that long in every step: a straggler),
+MIN_SIZE_CHANGES (the training goes on past STEPS, up to 10 times as many, until the
+world's size has changed that many times: a test of repeated host changes cannot end
+before them however slowly a returning worker starts),
 STEP_LOG (rank 0 prints `STEP step=N size=S at=T` every 10 steps, for bench/straggler_evict.py),
 FAIL_AFTER_RANK (that rank exits with status 4 once the other ranks' processes have
 ended, as a failed save would), AFTER_TEXT (after the training rank 0 rewrites the discovery file
@@ -88,7 +91,9 @@ opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR, moment
 data = torch.randn(256, 8).to(dev)
 target = data.sum(1, keepdim=True)
 sampler = hvd.elastic.ElasticSampler(list(range(256)), shuffle=True, seed=1)
-state = hvd.elastic.TorchState(model, opt, sampler=sampler, step=0, epoch=0, batch=0)
+state = hvd.elastic.TorchState(model, opt, sampler=sampler, step=0, epoch=0, batch=0,
+                               size=0, size_changes=0)
+MIN_SIZE_CHANGES = int(os.environ.get("MIN_SIZE_CHANGES", "0"))
 resets = []
 reported = []
 KILL_HOW = os.environ.get("KILL_HOW", "exit")
@@ -110,7 +115,11 @@ state.register_reset_callbacks([
 
 @hvd.elastic.run
 def train(state):
-    while state.step < STEPS:
+    while state.step < STEPS or (state.size_changes < MIN_SIZE_CHANGES
+                                 and state.step < 10 * STEPS):
+        if hvd.size() != state.size:  # the same on every rank: the state is synced
+            state.size_changes += state.size != 0
+            state.size = hvd.size()
         idx = state.sampler.indices[state.batch * 8:(state.batch + 1) * 8]
         if len(idx) < 8:
             state.epoch += 1
