@@ -65,6 +65,21 @@ def test_ddp_trains_as_on_gloo(size):
             assert float(m.group(1)) < 1e-5, describe(results)
 
 
+@pytest.mark.parametrize("hook", ["fp16", "bf16"])
+def test_ddp_compression_hooks_train_as_on_gloo(hook):
+    # DDP's own hooks: an all_reduce of the compressed bucket, a future chained on it.
+    results = _run("tests.torch_distributed_workers:ddp", 2, ["cpu", "20", hook])
+    for r in results:
+        m = re.search(r"DDP rank=\d+ size=\d+ diff=(\S+)", r.output)
+        assert m and float(m.group(1)) == 0.0, describe(results)
+
+
+def test_future_callbacks_may_wait_and_calls_inside_them_are_refused():
+    results = _run("tests.torch_distributed_workers:future_callbacks", 2, timeout=90)
+    for r in results:
+        assert f"REFUSED rank={r.rank}" in r.output, describe(results)
+
+
 @pytest.mark.parametrize("size", [2, 3])
 def test_fsdp2_matches_one_process(size):
     results = _run("tests.torch_distributed_workers:fsdp2", size, timeout=180)

@@ -510,15 +510,55 @@ def _model(seed: int):
                                torch.nn.ReLU(), torch.nn.Linear(64, 4))
 
 
-def ddp(device: str = "cpu", steps: str = "20") -> None:
+def _comm_hook(model, hook: str, group) -> None:
+    """One of DDP's own communication hooks on `model`, over `group`: fp16 or bf16
+    compression."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    if hook != "none":
+        model.register_comm_hook(group, getattr(default_hooks, f"{hook}_compress_hook"))
+
+
+def future_callbacks() -> None:
+    """A callback of one call's future that waits for another call's future: both
+    complete (with one thread completing calls, the second waited behind the first's
+    callback for ever). DDP's PowerSGD hook calls all_reduce inside the callbacks of the
+    previous all_reduce's future and waits there: refused with a clear error (it hung
+    the same way)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    rank, size = _init()
+    a, b = torch.ones(3), torch.full((5,), 2.0)
+    wa = dist.all_reduce(a, async_op=True)
+    wb = dist.all_reduce(b, async_op=True)
+    chained = wa.get_future().then(lambda f: wb.get_future().wait()[0].sum().item())
+    assert chained.wait() == 10.0 * size and a.sum().item() == 3.0 * size
+    model = DDP(_model(0), bucket_cap_mb=0.01)
+    state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                        start_powerSGD_iter=2, random_seed=0)
+    model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    g = torch.Generator().manual_seed(rank)
+    try:
+        for _ in range(5):
+            x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+        raise AssertionError("PowerSGD's steps ran")
+    except RuntimeError as e:
+        assert "inside a callback of another call's future" in str(e), e
+    print(f"REFUSED rank={rank}", flush=True)
+    dist.destroy_process_group()
+
+
+def ddp(device: str = "cpu", steps: str = "20", hook: str = "none") -> None:
     """The same DDP training on "hvd" and on gloo (NCCL on "cuda") over the same ranks
-    (same seeds, same buckets); prints the largest difference of the parameters."""
+    (same seeds, same buckets, the same communication hook of DDP's); prints the
+    largest difference of the parameters."""
     from torch.nn.parallel import DistributedDataParallel as DDP
     rank, size = _init(device)
     dev = torch.get_default_device()
     models = {}
     for name, group in (("hvd", None), ("reference", _reference(device))):
         model = DDP(_model(0).to(dev), process_group=group, bucket_cap_mb=0.01)
+        _comm_hook(model, hook, group)
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         g = torch.Generator().manual_seed(rank)
         for _ in range(int(steps)):

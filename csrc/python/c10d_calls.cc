@@ -131,6 +131,14 @@ c10::intrusive_ptr<c10d::Work> C10dCalls::Run(c10d::OpType type, const char* wha
                                               std::vector<Submission> subs,
                                               std::vector<at::Tensor> outputs, Finish finish,
                                               const P2pName* p2p) {
+  if (InFutureCallback()) {
+    // Its number in the group's order would depend on when this rank's earlier call
+    // completed, which differs between ranks: it could meet another call of a peer.
+    Fail(std::string(what) +
+         " called inside a callback of another call's future (as DDP's PowerSGD hook "
+         "does): not supported on the engine's calls, since the ranks cannot agree on its "
+         "place in the group's order; call it outside the callback");
+  }
   auto call = std::make_shared<CallState>();
   call->what = what;
   call->outputs = std::move(outputs);

@@ -22,8 +22,15 @@ std::exception_ptr DistError(const std::string& message) {
   }
 }
 
+// How many Complete() calls this thread is inside (the futures' callbacks run there).
+thread_local int completing = 0;
+
 // Runs finish() and completes the future of one call whose ops have all completed.
 void Complete(CallState& c) {
+  ++completing;
+  struct Leave {
+    ~Leave() { --completing; }
+  } leave;
   // Before the future completes: its callbacks may ask the Work for the sender.
   if (c.from_any && !c.handles.empty()) c.source = c.handles[0]->source();
   std::string message;
@@ -71,8 +78,12 @@ void Complete(CallState& c) {
   c.completion.MarkDone(error);
 }
 
-// The one thread that completes calls (Complete()); never destroyed, as threads may
-// outlive the module's teardown.
+// The threads that complete calls (Complete()): one, and another whenever a call is
+// pushed while every one of them is busy. A callback chained on a future may block on
+// another call's future (DDP's PowerSGD hook waits inside its callbacks for the next
+// all_reduce), which a single thread would then never complete. A thread beyond the
+// first ends after kIdle without work. Never destroyed, as threads may outlive the
+// module's teardown.
 class Completer {
  public:
   static Completer& Get() {
@@ -80,23 +91,38 @@ class Completer {
     return *c;
   }
   void Push(std::shared_ptr<CallState> c) {
+    bool spawn;
     {
       MutexLock lock(mu_);
       queue_.push_back(std::move(c));
+      spawn = idle_ == 0;
+      if (spawn) ++threads_;
     }
-    cv_.NotifyOne();
+    if (spawn) {
+      std::thread([this] { Run(); }).detach();
+    } else {
+      cv_.NotifyOne();
+    }
   }
 
  private:
-  Completer() {
-    std::thread([this] { Run(); }).detach();
-  }
+  static constexpr std::chrono::seconds kIdle{30};
   void Run() {
     for (;;) {
       std::shared_ptr<CallState> c;
       {
         MutexLock lock(mu_);
-        cv_.Wait(mu_, [this]() HVD_REQUIRES(mu_) { return !queue_.empty(); });
+        ++idle_;
+        const bool work =
+            cv_.WaitFor(mu_, kIdle, [this]() HVD_REQUIRES(mu_) { return !queue_.empty(); });
+        --idle_;
+        if (!work) {
+          if (threads_ > 1) {
+            --threads_;
+            return;
+          }
+          continue;
+        }
         c = std::move(queue_.front());
         queue_.pop_front();
       }
@@ -106,6 +132,8 @@ class Completer {
   Mutex mu_;
   CondVar cv_;
   std::deque<std::shared_ptr<CallState>> queue_ HVD_GUARDED_BY(mu_);
+  int idle_ HVD_GUARDED_BY(mu_) = 0;     // threads waiting for work
+  int threads_ HVD_GUARDED_BY(mu_) = 0;  // threads running Run()
 };
 
 class HvdWork : public c10d::Work {
@@ -157,6 +185,8 @@ class HvdWork : public c10d::Work {
 };
 
 }  // namespace
+
+bool InFutureCallback() { return completing > 0; }
 
 c10::intrusive_ptr<c10d::Work> StartWork(std::shared_ptr<CallState> call, c10d::OpType type,
                                          std::chrono::milliseconds timeout) {

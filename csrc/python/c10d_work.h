@@ -1,5 +1,5 @@
 // The Work of one torch.distributed call of the "hvd" backend (c10d_backend.cc), and
-// the one thread that completes calls.
+// the threads that complete calls.
 //
 // Completion: the background thread completes an op's handles; the last one hands
 // the call's state to one completion thread (or a caller of Work.wait() that saw
@@ -8,7 +8,8 @@
 // then completes the Work's future (for CUDA tensors on a pool stream that waits for
 // the op, so that consumers' streams wait for it and the host does not). User
 // callbacks chained on the future (DDP comm hooks) run on that thread, never on the
-// engine's.
+// engine's; a call that completes while that thread is busy (a callback waiting for
+// another call's future, as PowerSGD's do) gets a thread of its own.
 #ifndef HOROVOD_TORCH_PYTHON_C10D_WORK_H_
 #define HOROVOD_TORCH_PYTHON_C10D_WORK_H_
 
@@ -87,6 +88,9 @@ struct CallState {
   std::atomic<int> source{-1};  // its sender, once complete
   Completion completion;
 };
+
+// Whether this thread runs the callbacks of a call's future (inside its completion).
+bool InFutureCallback();
 
 // Watches `call`'s handles (its ops, submitted) and returns its Work: once the last
 // op completes, the completion thread (or a caller of wait()) runs finish() and
