@@ -109,6 +109,17 @@ def test_monitored_barrier_names_the_ranks_that_did_not_reach_it(late, wait_all,
                 in r.output), describe(results)
 
 
+def test_fsdp2_checkpoints_with_dcp_and_reshards_on_load(tmp_path):
+    # torch.distributed.checkpoint saves and loads FSDP2's sharded model and optimizer
+    # through the backend's collectives; saved at 3 ranks, loaded at 2 (as an elastic
+    # job's survivors would).
+    for size, mode in ((3, "save"), (2, "load")):
+        results = _run("tests.torch_distributed_workers:fsdp2_checkpoint", size,
+                       [tmp_path, mode], timeout=180)
+        for r in results:
+            assert f"DCP rank={r.rank} size={size} {mode} ok" in r.output, describe(results)
+
+
 def test_fsdp2_with_a_gradient_divide_factor_matches_one_process():
     # FSDP2 reduce-scatters with PREMUL_SUM(1 / factor) then (gloo refuses it).
     results = _run("tests.torch_distributed_workers:fsdp2", 2, ["cpu", "10", "1", "8"],

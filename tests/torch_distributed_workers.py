@@ -809,3 +809,68 @@ def rank0_cannot_start() -> None:
         time.sleep(2)  # rank 0 holds torch's store: the others read the reason from it
     else:
         raise AssertionError("init_process_group did not fail")
+
+
+
+def fsdp2_checkpoint(directory: str, mode: str) -> None:
+    """torch.distributed.checkpoint (DCP) with FSDP2 on "hvd". "save": train, save the
+    sharded model and optimizer (and, on rank 0, the whole parameters beside them),
+    train on, load the checkpoint into a fresh sharded model: the saved state exactly,
+    and the next step as the saved model took it. "load": a checkpoint saved at another
+    world size (resharded on load) gives the saved parameters exactly."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    rank, size = _init()
+    mesh = init_device_mesh("cpu", (size,))
+
+    def sharded():
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(
+            torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True),
+            torch.nn.Linear(32, 8))
+        for layer in m:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(m, mesh=mesh)
+        return m, torch.optim.AdamW(m.parameters(), lr=0.01)
+
+    def step(m, opt, seed):
+        g = torch.Generator().manual_seed(100 * seed + rank)
+        x, y = torch.randn(4, 6, 32, generator=g), torch.randn(4, 6, 8, generator=g)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(m(x), y).backward()
+        opt.step()
+
+    def full(m):  # the whole parameters, gathered
+        return [p.full_tensor().clone() for p in m.parameters()]
+
+    def load(m, opt):
+        msd, osd = get_state_dict(m, opt)
+        state = {"model": msd, "optim": osd}
+        dcp.load(state, checkpoint_id=os.path.join(directory, "dcp"))
+        set_state_dict(m, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+    model, opt = sharded()
+    if mode == "save":
+        for s in range(3):
+            step(model, opt, s)
+        msd, osd = get_state_dict(model, opt)
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(directory, "dcp"))
+        saved = full(model)
+        if rank == 0:
+            torch.save(saved, os.path.join(directory, "full.pt"))
+        step(model, opt, 3)
+        after_saved = full(model)
+        model2, opt2 = sharded()
+        load(model2, opt2)
+        assert all(torch.equal(a, b) for a, b in zip(saved, full(model2))), "loaded != saved"
+        step(model2, opt2, 3)
+        assert all(torch.equal(a, b) for a, b in zip(after_saved, full(model2))), "diverged"
+    else:
+        load(model, opt)
+        saved = torch.load(os.path.join(directory, "full.pt"))
+        assert all(torch.equal(a, b) for a, b in zip(saved, full(model))), "loaded != saved"
+        step(model, opt, 3)
+    print(f"DCP rank={rank} size={size} {mode} ok", flush=True)
+    dist.destroy_process_group()
