@@ -4,6 +4,7 @@ Each worker runs `python -m tests.run_worker module:function [args]` with the
 environment horovodrun would give it. run_workers() waits with a timeout, kills
 everything on a hang and says which ranks did not finish.
 """
+import contextlib
 import os
 import secrets
 import socket
@@ -23,22 +24,48 @@ class WorkerResult:
     output: str
 
 
+def _port_pair():
+    """(P, sockets bound to P and P + 1 on 127.0.0.1 with SO_REUSEADDR, not listening)."""
+    for _ in range(100):
+        a, b = socket.socket(), socket.socket()
+        for s in (a, b):
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        a.bind(("127.0.0.1", 0))
+        port = a.getsockname()[1]
+        try:
+            if port >= 65535:
+                raise OSError("no P + 1")
+            b.bind(("127.0.0.1", port + 1))
+        except OSError:
+            a.close()
+            b.close()
+            continue
+        return port, (a, b)
+    raise RuntimeError("no pair of free ports on 127.0.0.1")
+
+
 def master_port() -> int:
     """A MASTER_PORT for a job started without horovodrun: a port P such that P and
     P + 1 (where rank 0's store listens) are both free on 127.0.0.1 now. A free port
     alone, with P + 1 left to chance, failed in CI when another socket held P + 1."""
-    for _ in range(100):
-        with socket.socket() as a, socket.socket() as b:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            if port >= 65535:
-                continue
-            try:
-                b.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no pair of free ports on 127.0.0.1")
+    port, held = _port_pair()
+    for s in held:
+        s.close()
+    return port
+
+
+@contextlib.contextmanager
+def held_master_port():
+    """master_port(), with P and P + 1 held until the block ends: bound, never listening,
+    with SO_REUSEADDR, so that the kernel gives them to no other socket (a bind to port
+    0, an outgoing connection) while the stores, which bind with SO_REUSEADDR too, can
+    take them. For a port chosen long before it is used (a group rebuilt later)."""
+    port, held = _port_pair()
+    try:
+        yield port
+    finally:
+        for s in held:
+            s.close()
 
 
 def worker_env(rank: int, size: int, port: int, secret: str,

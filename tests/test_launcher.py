@@ -378,8 +378,9 @@ def test_progress_bar_is_live(prefix: bool) -> None:
         proc.kill()
         proc.wait()
     assert b"3/5" in arrived and b"DONE" in arrived, seen
-    # The bar at 3 of 5 was drawn two sleeps (1.2 s) before the script's last line.
-    assert arrived[b"DONE"] - arrived[b"3/5"] > 0.8, seen
+    # The bar at 3 of 5 was drawn two sleeps (1.2 s) before the script's last line (a
+    # margin for a stalled reader on a loaded machine).
+    assert arrived[b"DONE"] - arrived[b"3/5"] > 0.5, seen
     bar = seen[:seen.index(b"3/5")].rsplit(b"\r", 1)[1]
     assert bar.startswith(b"[0]<stderr>:") == prefix, seen
 

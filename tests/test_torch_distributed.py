@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.harness import ROOT, WorkerResult, describe, master_port
+from tests.harness import ROOT, WorkerResult, describe, held_master_port, master_port
 
 
 def _run(target, size, args=(), timeout=120, expect_ok=True, env=None):
@@ -175,8 +175,9 @@ def test_repeated_calls_and_ddp_steps_skip_negotiation():
 
 @pytest.mark.parametrize("how,code", [("exit", 3), ("raise", 1)])
 def test_a_dead_peer_fails_pending_work_and_survivors_rebuild_the_group(how, code):
-    results = _run("tests.torch_distributed_workers:peer_dies", 3, [master_port(), "cpu", how],
-                   expect_ok=False, timeout=120)
+    with held_master_port() as new_port:  # the survivors' group, seconds later
+        results = _run("tests.torch_distributed_workers:peer_dies", 3, [new_port, "cpu", how],
+                       expect_ok=False, timeout=120)
     assert results[2].returncode == code, describe(results)
     for r in results[:2]:
         assert r.returncode == 0, describe(results)
