@@ -260,6 +260,19 @@ def test_torch_distributed_ddp_trains_as_on_nccl(direct):
         assert m and float(m.group(1)) < 1e-6, r.output
 
 
+@pytest.mark.parametrize("hook", ["fp16", "powersgd"])
+def test_torch_distributed_ddp_communication_hooks_as_on_nccl(hook):
+    # On the group's own communicator a call's future completes at once, as NCCL's, so
+    # PowerSGD's all_reduces inside its callbacks run on the caller's thread, in order.
+    import re
+    from tests.test_torch_distributed import _run
+    results = _run("tests.torch_distributed_workers:ddp", 2, ["cuda", "20", hook],
+                   env=GPU_ENV, timeout=240)
+    for r in results:
+        m = re.search(r"DDP rank=\d+ size=\d+ diff=(\S+)", r.output)
+        assert m and float(m.group(1)) < 1e-6, r.output
+
+
 @pytest.mark.parametrize("direct", ["1", "0"])
 def test_torch_distributed_fsdp2_matches_one_gpu(direct):
     import re

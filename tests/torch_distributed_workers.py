@@ -512,9 +512,14 @@ def _model(seed: int):
 
 def _comm_hook(model, hook: str, group) -> None:
     """One of DDP's own communication hooks on `model`, over `group`: fp16 or bf16
-    compression."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-    if hook != "none":
+    compression, or PowerSGD (rank 1 after two plain steps, its random state seeded;
+    on CUDA tensors: on CPU "hvd" refuses it, future_callbacks)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    if hook == "powersgd":
+        state = powerSGD_hook.PowerSGDState(process_group=group, matrix_approximation_rank=1,
+                                            start_powerSGD_iter=2, random_seed=0)
+        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    elif hook != "none":
         model.register_comm_hook(group, getattr(default_hooks, f"{hook}_compress_hook"))
 
 
@@ -524,7 +529,6 @@ def future_callbacks() -> None:
     callback for ever). DDP's PowerSGD hook calls all_reduce inside the callbacks of the
     previous all_reduce's future and waits there: refused with a clear error (it hung
     the same way)."""
-    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
     rank, size = _init()
     a, b = torch.ones(3), torch.full((5,), 2.0)
@@ -533,9 +537,7 @@ def future_callbacks() -> None:
     chained = wa.get_future().then(lambda f: wb.get_future().wait()[0].sum().item())
     assert chained.wait() == 10.0 * size and a.sum().item() == 3.0 * size
     model = DDP(_model(0), bucket_cap_mb=0.01)
-    state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
-                                        start_powerSGD_iter=2, random_seed=0)
-    model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    _comm_hook(model, "powersgd", None)
     g = torch.Generator().manual_seed(rank)
     try:
         for _ in range(5):
