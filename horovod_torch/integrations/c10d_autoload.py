@@ -12,6 +12,7 @@ Runs inside ``import torch``: it must stay cheap and must never raise, since tor
 turns an entry point's exception into a failed import of torch.
 """
 
+
 def register() -> None:
     """Registers "hvd" with torch.distributed for CPU and CUDA tensors, as
     torch_distributed.register() does but without loading that module (a later call of
