@@ -13,11 +13,8 @@ void MonitoredBarrier(c10d::Backend& group, std::chrono::milliseconds limit, uin
                       bool wait_all_ranks) {
   const int tag = std::numeric_limits<int>::min() + static_cast<int>(call % (1 << 30));
   const auto until = std::chrono::steady_clock::now() + limit;
-  const auto left = [until] {
-    return std::max(std::chrono::milliseconds(1),
-                    std::chrono::duration_cast<std::chrono::milliseconds>(
-                        until - std::chrono::steady_clock::now()));
-  };
+  // At least 1 ms: a wait of 0 would mean the group's own timeout (HvdWork::wait).
+  const auto left = [until] { return std::max(TimeLeft(until), std::chrono::milliseconds(1)); };
   auto token = [] { return std::vector<at::Tensor>{at::zeros({1}, at::kByte)}; };
   if (group.getRank() != 0) {
     try {

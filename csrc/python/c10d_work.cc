@@ -80,8 +80,9 @@ void Complete(CallState& c) {
 
 // The threads that complete calls (Complete()): one, and another whenever a call is
 // pushed while every one of them is busy. A callback chained on a future may block on
-// another call's future (DDP's PowerSGD hook waits inside its callbacks for the next
-// all_reduce), which a single thread would then never complete. A thread beyond the
+// another call's future, which a single thread, busy running that callback, would then
+// never complete. (A call made inside such a callback is refused: C10dCalls::Run.) A
+// thread beyond the
 // first ends after kIdle without work. Never destroyed, as threads may outlive the
 // module's teardown.
 class Completer {

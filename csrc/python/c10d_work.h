@@ -9,7 +9,7 @@
 // the op, so that consumers' streams wait for it and the host does not). User
 // callbacks chained on the future (DDP comm hooks) run on that thread, never on the
 // engine's; a call that completes while that thread is busy (a callback waiting for
-// another call's future, as PowerSGD's do) gets a thread of its own.
+// another call's future) gets a thread of its own.
 #ifndef HOROVOD_TORCH_PYTHON_C10D_WORK_H_
 #define HOROVOD_TORCH_PYTHON_C10D_WORK_H_
 
