@@ -24,12 +24,14 @@ class WorkerResult:
     output: str
 
 
-def _port_pair():
-    """(P, sockets bound to P and P + 1 on 127.0.0.1 with SO_REUSEADDR, not listening)."""
+def _port_pair(reuse: bool):
+    """(P, sockets bound to P and P + 1 on 127.0.0.1, not listening; with `reuse`,
+    SO_REUSEADDR, so that a store binding with it too may take them while they stay)."""
     for _ in range(100):
         a, b = socket.socket(), socket.socket()
         for s in (a, b):
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         a.bind(("127.0.0.1", 0))
         port = a.getsockname()[1]
         try:
@@ -48,7 +50,7 @@ def master_port() -> int:
     """A MASTER_PORT for a job started without horovodrun: a port P such that P and
     P + 1 (where rank 0's store listens) are both free on 127.0.0.1 now. A free port
     alone, with P + 1 left to chance, failed in CI when another socket held P + 1."""
-    port, held = _port_pair()
+    port, held = _port_pair(reuse=False)
     for s in held:
         s.close()
     return port
@@ -60,7 +62,7 @@ def held_master_port():
     with SO_REUSEADDR, so that the kernel gives them to no other socket (a bind to port
     0, an outgoing connection) while the stores, which bind with SO_REUSEADDR too, can
     take them. For a port chosen long before it is used (a group rebuilt later)."""
-    port, held = _port_pair()
+    port, held = _port_pair(reuse=True)
     try:
         yield port
     finally:
