@@ -582,6 +582,22 @@ def ddp(device: str = "cpu", steps: str = "20", hook: str = "none") -> None:
     dist.destroy_process_group()
 
 
+def _transformer(layers: int, mesh=None):
+    """A small transformer (seeded): `layers` encoder layers of width 32 and a linear
+    head; with `mesh`, each layer and the whole under FSDP2's fully_shard on it."""
+    from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        *[torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+          for _ in range(layers)],
+        torch.nn.Linear(32, 8))
+    if mesh is not None:
+        for layer in model:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    return model
+
+
 def fsdp2(device: str = "cpu", steps: str = "10", replicas: str = "1", divide: str = "0") -> None:
     """A small transformer under FSDP2's fully_shard on "hvd" against the same model
     trained in this process alone on the whole batch: equal within rounding. With
@@ -591,23 +607,12 @@ def fsdp2(device: str = "cpu", steps: str = "10", replicas: str = "1", divide: s
     by it instead of the rank count (`set_gradient_divide_factor`: FSDP2 reduce-scatters
     with PREMUL_SUM), and the reference's loss is scaled to match."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
     rank, size = _init(device)
     rows = int(replicas)
     mesh = init_device_mesh(device, (size,)) if rows == 1 else init_device_mesh(
         device, (rows, size // rows), mesh_dim_names=("replicate", "shard"))
 
-    def model():
-        torch.manual_seed(0)
-        return torch.nn.Sequential(
-            torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True),
-            torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True),
-            torch.nn.Linear(32, 8))
-
-    ref, sharded = model(), model()
-    for layer in sharded:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(sharded, mesh=mesh)
+    ref, sharded = _transformer(2), _transformer(2, mesh)
     scale = 1.0
     if float(divide):
         for m in [*sharded, sharded]:
@@ -813,7 +818,6 @@ def rank0_cannot_start() -> None:
         raise AssertionError("init_process_group did not fail")
 
 
-
 def fsdp2_checkpoint(directory: str, mode: str) -> None:
     """torch.distributed.checkpoint (DCP) with FSDP2 on "hvd". "save": train, save the
     sharded model and optimizer (and, on rank 0, the whole parameters beside them),
@@ -823,18 +827,11 @@ def fsdp2_checkpoint(directory: str, mode: str) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
     rank, size = _init()
     mesh = init_device_mesh("cpu", (size,))
 
     def sharded():
-        torch.manual_seed(0)
-        m = torch.nn.Sequential(
-            torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True),
-            torch.nn.Linear(32, 8))
-        for layer in m:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(m, mesh=mesh)
+        m = _transformer(1, mesh)
         return m, torch.optim.AdamW(m.parameters(), lr=0.01)
 
     def step(m, opt, seed):
