@@ -12,7 +12,7 @@ What happens (default, fault mode):
          OCI__SYNC_DIR=SYNC horovodrun --verbose -np 2 --min-np 1 --max-np 2 \\
              --blacklist-cooldown-range 5 10 \\
              --host-discovery-script examples/elastic/discover_hosts.sh \\
-             python examples/elastic/train.py --data-dir DIR --epochs 10
+             python examples/elastic/train.py --data-dir DIR --epochs 30
      (horovodrun is started as `python -m horovod_torch.runner`, the same program,
      with this checkout on PYTHONPATH when its extension is built in place (`make build`),
      so the demo also runs before `pip install`; else the installed package runs).
@@ -277,8 +277,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                     "mid-training, and summarise how the job recovered.",
         epilog="Arguments after -- go to train.py (e.g. -- --log-interval 5 --batch-size 32).")
     p.add_argument("--no-fault", action="store_true", help="just train: kill nothing")
-    p.add_argument("--epochs", type=int, default=10,
-                   help="train.py --epochs (default 10: the survivor trains on alone "
+    p.add_argument("--epochs", type=int, default=30,
+                   help="train.py --epochs (default 30: the survivor trains on alone "
                         "while the new worker starts, so training must outlast the "
                         "cooldown and that start)")
     p.add_argument("--data-dir", default="data",
